@@ -1,0 +1,73 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Validate the whole inventory on the controller, before any host is contacted.
+
+Documented in plugins/modules/cluster_validate.py (the action runs no module on the hosts)."""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory, profiles
+
+ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles"))
+
+
+def load_role_specs(roles_dir: str = ROLES_DIR) -> dict:
+    specs = {}
+    for role in sorted(os.listdir(roles_dir)):
+        path = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                specs[role] = (yaml.safe_load(handle) or {}).get("argument_specs") or {}
+    return specs
+
+
+def ansible_validate(spec, params):
+    result = ArgumentSpecValidator(spec).validate(params)
+    return result.error_messages, result.validated_parameters
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        if self._task.args:
+            raise AnsibleActionFail(f"cluster_validate takes no options; found {sorted(self._task.args)}")
+        task_vars = task_vars or {}
+        groups = task_vars.get("groups", {})
+        hostvars = task_vars.get("hostvars", {})
+        role_specs = load_role_specs()
+        prefixes = inventory.checked_prefixes(role_specs)
+
+        hosts = {}
+        for name in groups.get(inventory.CLUSTER_GROUP, []):
+            host = hostvars[name]
+            facts = set(host.get("ansible_facts") or {})
+            hosts[name] = {key: host[key] for key in host if key.startswith(prefixes) and key not in facts}
+
+        def load_profile(name):
+            first = hosts[min(hosts)]
+            base = hostvars[min(hosts)].get("inventory_dir") or os.getcwd()
+            user_dirs = [os.path.join(base, os.path.expanduser(d)) for d in first.get("sparkfleet_profile_paths") or []]
+            return profiles.load(name, [*user_dirs, profiles.collection_profile_dir()])
+
+        problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
+                                                    ansible_validate, load_profile)
+        lines = [problem.line() for problem in problems]
+        result.update(changed=False, problems=lines)
+        if lines:
+            heading = "Inventory check failed" if len(lines) == 1 else f"Inventory check found {len(lines)} problems"
+            result.update(failed=True, msg=f"{heading} (nothing was changed on any host):\n" + "\n".join(lines))
+        else:
+            result["plan"] = plan
+        return result

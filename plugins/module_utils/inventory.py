@@ -1,0 +1,256 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Cross-host validation of a sparkfleet inventory.
+
+Pure Python: the cluster_validate action plugin feeds it the hosts' variables and the roles' argument
+specs; the unit tests feed it plain dicts. Every problem becomes one line that names where it was found
+(host or group), the key, what was found, what was expected and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CLUSTER_GROUP = "sparkfleet_cluster"
+HEAD_GROUP = "sparkfleet_head"
+CLUSTER_PREFIX = "sparkfleet_"
+
+# Entry points of roles/preflight/meta/argument_specs.yml that describe the inventory itself.
+CLUSTER_ENTRY = "cluster"  # one value for the whole cluster, identical on every node
+NODE_ENTRY = "node"  # one value per node
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str
+    key: str
+    found: str
+    expected: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.where}: {self.key}: found {self.found}; expected {self.expected}; fix: {self.fix}"
+
+
+def documented_keys(role_specs: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """Every option of every entry point of every role: the names a user may set."""
+    keys: set[str] = set()
+    for spec in role_specs.values():
+        for entry in (spec or {}).values():
+            keys.update((entry or {}).get("options") or {})
+    return keys
+
+
+def checked_prefixes(role_names: Iterable[str]) -> tuple[str, ...]:
+    """Variable prefixes that belong to this collection: ours and one per role."""
+    return (CLUSTER_PREFIX, *sorted(f"{name}_" for name in role_names))
+
+
+def unknown_keys(host: str, names: Iterable[str], known: set[str], prefixes: tuple[str, ...]) -> list[Problem]:
+    """Names that look like ours (by prefix) but are documented nowhere: typos, or keys of a newer release."""
+    problems = []
+    for name in sorted(names):
+        if name in known or not name.startswith(prefixes):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        fix = (f"rename it to {close[0]}" if close
+               else "remove it, or see the roles' meta/argument_specs.yml for the keys that exist")
+        problems.append(Problem(host, name, "an unknown key", "only documented keys with this prefix", fix))
+    return problems
+
+
+def _type_name(option: Mapping[str, Any]) -> str:
+    kind = option.get("type", "str")
+    if kind == "list" and option.get("elements"):
+        kind = f"list of {option['elements']}"
+    if option.get("choices"):
+        kind += " (one of " + ", ".join(map(str, option["choices"])) + ")"
+    return kind
+
+
+Validator = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[list[str], Mapping[str, Any]]"]
+
+
+def check_options(where: str, values: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]],
+                  validate: Validator) -> tuple[list[Problem], dict[str, Any]]:
+    """Type, choice and presence of each documented option, one key at a time so each line names its key.
+
+    `validate(spec, params)` returns (errors, converted params); the action plugin passes Ansible's own
+    argument validator so conversions match what the roles will see. Returns the problems and the
+    converted values, defaults filled in.
+    """
+    problems = []
+    clean: dict[str, Any] = {}
+    for key, option in sorted(options.items()):
+        if key not in values:
+            if option.get("required"):
+                problems.append(Problem(where, key, "nothing", f"a {_type_name(option)}: {_first_line(option)}",
+                                        f"set {key} in the inventory (see inventory/examples/spark2)"))
+            elif "default" in option:
+                clean[key] = option["default"]
+            continue
+        errors, converted = validate({key: dict(option, required=False)}, {key: values[key]})
+        if errors:
+            problems.append(Problem(where, key, repr(values[key]), f"a {_type_name(option)}",
+                                    f"correct {key}: {_first_line(option)}"))
+        else:
+            clean[key] = converted[key]
+    return problems, clean
+
+
+def _first_line(option: Mapping[str, Any]) -> str:
+    description = option.get("description") or ""
+    if isinstance(description, list):
+        description = description[0] if description else ""
+    return description.strip().split("\n")[0].rstrip(".")
+
+
+def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> list[Problem]:
+    """Cluster-wide keys must hold one value on every node (a per-host override splits the cluster)."""
+    problems = []
+    for key in sorted(keys):
+        seen: dict[str, list[str]] = {}
+        for host in sorted(hosts):
+            if key in hosts[host]:
+                seen.setdefault(repr(hosts[host][key]), []).append(host)
+        if len(seen) > 1:
+            found = ", ".join(f"{value} on {', '.join(names)}" for value, names in seen.items())
+            problems.append(Problem(CLUSTER_GROUP, key, found, "one value for the whole cluster",
+                                    f"set {key} once in group_vars/{CLUSTER_GROUP}, not per host"))
+    return problems
+
+
+def check_ranks(ranks: Mapping[str, int]) -> list[Problem]:
+    """Ranks are 0..N-1, one per node."""
+    problems = []
+    by_rank: dict[int, list[str]] = {}
+    for host, rank in ranks.items():
+        by_rank.setdefault(rank, []).append(host)
+    for rank, names in sorted(by_rank.items()):
+        if len(names) > 1:
+            problems.append(Problem(", ".join(sorted(names)), "sparkfleet_node_rank",
+                                    f"rank {rank} on {len(names)} nodes", "a unique rank per node",
+                                    f"number the nodes 0..{len(ranks) - 1}, once each"))
+    missing = sorted(set(range(len(ranks))) - set(by_rank))
+    if missing and not problems:
+        problems.append(Problem(CLUSTER_GROUP, "sparkfleet_node_rank", f"ranks {sorted(by_rank)}",
+                                f"ranks 0..{len(ranks) - 1} (missing {', '.join(map(str, missing))})",
+                                f"number the nodes 0..{len(ranks) - 1}, once each"))
+    return problems
+
+
+def check_fabric_addresses(addresses: Mapping[str, str]) -> list[Problem]:
+    """Each node's fabric address is a valid IPv4 host address of its own."""
+    problems = []
+    owners: dict[ipaddress.IPv4Address, list[str]] = {}
+    for host, text in sorted(addresses.items()):
+        try:
+            address = ipaddress.IPv4Address(str(text))
+        except ValueError:
+            problems.append(Problem(host, "sparkfleet_fabric_address", repr(text),
+                                    "an IPv4 address such as 192.168.100.10",
+                                    "write the address of this node's ConnectX-7 interface, without a prefix length"))
+            continue
+        owners.setdefault(address, []).append(host)
+    for address, hosts in owners.items():
+        for host in hosts[1:]:
+            problems.append(Problem(host, "sparkfleet_fabric_address", f"{address}, already the address of {hosts[0]}",
+                                    "a fabric address of its own on every node",
+                                    f"give {host} an unused address in the fabric subnet"))
+    return problems
+
+
+def check_head(head_hosts: Iterable[str], cluster_hosts: Iterable[str], ranks: Mapping[str, int]) -> list[Problem]:
+    """Exactly one head, in the cluster, holding rank 0 (it runs the API server and the rendezvous)."""
+    head = sorted(head_hosts)
+    cluster = set(cluster_hosts)
+    if len(head) != 1:
+        found = f"{len(head)} hosts" + (f" ({', '.join(head)})" if head else "")
+        return [Problem(HEAD_GROUP, "hosts", found, "exactly one head node",
+                        f"put exactly one node of {CLUSTER_GROUP} in group {HEAD_GROUP}")]
+    name = head[0]
+    if name not in cluster:
+        return [Problem(name, "group membership", f"in {HEAD_GROUP} but not in {CLUSTER_GROUP}",
+                        "the head to be one of the cluster's nodes", f"add {name} to {CLUSTER_GROUP}")]
+    if ranks.get(name, 0) != 0:
+        return [Problem(name, "sparkfleet_node_rank", str(ranks[name]), "rank 0 on the head node",
+                        f"give {name} rank 0 and renumber the workers 1..{len(cluster) - 1}")]
+    return []
+
+
+def check_size(hosts: Iterable[str], tensor_parallel_size: int, profile_name: str,
+               supported_sizes: Iterable[int]) -> list[Problem]:
+    """One node per tensor-parallel rank, at a size the profile supports."""
+    names = sorted(hosts)
+    sizes = sorted(supported_sizes)
+    problems = []
+    if tensor_parallel_size not in sizes:
+        problems.append(Problem(CLUSTER_GROUP, "sparkfleet_tensor_parallel_size", str(tensor_parallel_size),
+                                f"a size profile {profile_name} supports ({', '.join(map(str, sizes))})",
+                                "choose a profile made for this many nodes"))
+    if len(names) != tensor_parallel_size:
+        delta = len(names) - tensor_parallel_size
+        fix = (f"remove {delta} node(s) from group {CLUSTER_GROUP}" if delta > 0
+               else f"add {-delta} node(s) to group {CLUSTER_GROUP}")
+        found = f"{len(names)} nodes ({', '.join(names)}) for tensor_parallel_size {tensor_parallel_size}"
+        problems.append(Problem(CLUSTER_GROUP, "sparkfleet_tensor_parallel_size", found,
+                                f"exactly {tensor_parallel_size} nodes, one rank each",
+                                f"{fix}, or set sparkfleet_tensor_parallel_size: {len(names)} "
+                                "with a profile that supports it"))
+    return problems
+
+
+def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterable[str],
+                     role_specs: Mapping[str, Mapping[str, Any]], validate: Validator,
+                     load_profile: Callable[[str], Mapping[str, Any]]) -> tuple[list[Problem], dict[str, Any] | None]:
+    """All checks of an inventory; returns (problems, plan). The plan is None when there are problems.
+
+    hosts: host name -> that host's variables (inventory and extra vars, not facts).
+    role_specs: role name -> its parsed meta/argument_specs.yml `argument_specs` mapping.
+    load_profile: name -> profile mapping; raises an exception with found/expected/fix attributes
+        (profiles.ProfileError) when the profile cannot be used.
+    """
+    if not hosts:
+        return [Problem(CLUSTER_GROUP, "hosts", "an empty group", "2 to 4 nodes, one per tensor-parallel rank",
+                        f"list your nodes under group {CLUSTER_GROUP} (see inventory/examples/spark2)")], None
+    inventory_spec = role_specs.get("preflight") or {}
+    cluster_options = (inventory_spec.get(CLUSTER_ENTRY) or {}).get("options") or {}
+    node_options = (inventory_spec.get(NODE_ENTRY) or {}).get("options") or {}
+    known = documented_keys(role_specs)
+    prefixes = checked_prefixes(role_specs)
+
+    problems: list[Problem] = []
+    nodes: dict[str, dict[str, Any]] = {}
+    for host in sorted(hosts):
+        problems += unknown_keys(host, hosts[host], known, prefixes)
+        found, nodes[host] = check_options(host, hosts[host], node_options, validate)
+        problems += found
+    problems += check_same_everywhere(hosts, cluster_options)
+    found, cluster = check_options(CLUSTER_GROUP, hosts[min(hosts)], cluster_options, validate)
+    problems += found
+    if problems:  # the cross-host checks below need sound per-host values
+        return problems, None
+
+    ranks = {host: values["sparkfleet_node_rank"] for host, values in nodes.items()}
+    problems += check_ranks(ranks)
+    problems += check_fabric_addresses({host: values["sparkfleet_fabric_address"] for host, values in nodes.items()})
+    head = sorted(head_hosts)
+    problems += check_head(head, hosts, ranks)
+    try:
+        profile = load_profile(cluster["sparkfleet_model_profile"])
+    except ValueError as err:
+        problems.append(Problem(CLUSTER_GROUP, "sparkfleet_model_profile", getattr(err, "found", str(err)),
+                                getattr(err, "expected", "a usable profile"), getattr(err, "fix", "correct it")))
+        return problems, None
+    problems += check_size(hosts, cluster["sparkfleet_tensor_parallel_size"], profile["name"],
+                           profile["tensor_parallel_sizes"])
+    if problems:
+        return problems, None
+    plan_nodes = [dict(host=host, rank=ranks[host], role="head" if host in head else "worker",
+                       fabric_address=str(nodes[host]["sparkfleet_fabric_address"]))
+                  for host in sorted(hosts, key=ranks.__getitem__)]
+    return [], dict(cluster, nodes=plan_nodes, profile=dict(profile))

@@ -1,0 +1,7 @@
+"""Make the checkout importable as ansible_collections.sparkfleet.cluster (as an installed collection is)."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "collections"))

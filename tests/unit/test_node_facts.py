@@ -1,0 +1,58 @@
+"""Node discovery reads real file formats: a GB10 with ConnectX-7, and a lab container with neither."""
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import node
+
+MEMINFO = """MemTotal:       127539200 kB
+MemFree:         9999999 kB
+MemAvailable:   120512340 kB
+SwapTotal:      16777212 kB
+Hugepagesize:       2048 kB
+"""
+
+GB10_INFORMATION = """Model: \t\t NVIDIA GB10
+IRQ:   \t\t 186
+GPU UUID: \t GPU-00000000-0000-0000-0000-000000000000
+Bus Location: \t 000f:01:00.0
+"""
+
+
+def write(root, path, text=""):
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+def test_gb10_node(tmp_path):
+    write(tmp_path, "/proc/meminfo", MEMINFO)
+    write(tmp_path, "/etc/os-release", 'ID=ubuntu\nVERSION_ID="24.04"\nPRETTY_NAME="Ubuntu 24.04.3 LTS"\n')
+    write(tmp_path, "/proc/driver/nvidia/gpus/000f:01:00.0/information", GB10_INFORMATION)
+    for dev, net in (("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")):
+        write(tmp_path, f"/sys/class/infiniband/{dev}/device/net/{net}/mtu", "9000\n")
+        write(tmp_path, f"/sys/class/infiniband/{dev}/ports/1/state", "4: ACTIVE\n")
+    facts = node.node_facts(str(tmp_path))
+    assert facts["accelerator"] == {"kind": "nvidia", "count": 1,
+                                    "devices": [{"bus_id": "000f:01:00.0", "model": "NVIDIA GB10"}]}
+    assert facts["rdma"]["present"] is True
+    assert facts["rdma"]["devices"] == [
+        {"name": "roceP2p1s0f1", "netdevs": ["enP2p1s0f1np1"], "ports": ["1"]},
+        {"name": "rocep1s0f1", "netdevs": ["enp1s0f1np1"], "ports": ["1"]},
+    ]
+    assert facts["memory"] == {"total_kib": 127539200, "available_kib": 120512340, "swap_total_kib": 16777212}
+    assert facts["os"]["version_id"] == "24.04"
+    assert facts["container"] is None
+
+
+def test_lab_container(tmp_path):
+    write(tmp_path, "/proc/meminfo", MEMINFO)
+    write(tmp_path, "/etc/os-release", 'ID=debian\nVERSION_ID="12"\n')
+    write(tmp_path, "/run/systemd/container", "docker\n")
+    facts = node.node_facts(str(tmp_path))
+    assert facts["accelerator"] == {"kind": "none", "count": 0, "devices": []}
+    assert facts["rdma"] == {"present": False, "devices": []}
+    assert facts["container"] == "docker"
+    assert facts["os"]["pretty_name"] == "unknown"
+
+
+def test_meminfo_parses_parenthesised_fields(tmp_path):
+    write(tmp_path, "/proc/meminfo", "Active(anon):    1234 kB\nMemAvailable: 10 kB\n")
+    assert node.meminfo(str(tmp_path)) == {"Active(anon)": 1234, "MemAvailable": 10}
