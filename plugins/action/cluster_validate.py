@@ -64,7 +64,7 @@ class ActionModule(ActionBase):
         problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
                                                     ansible_validate, load_profile)
         lines = [problem.line() for problem in problems]
-        result.update(changed=False, problems=lines)
+        result["changed"] = False
         if lines:
             heading = "Inventory check failed" if len(lines) == 1 else f"Inventory check found {len(lines)} problems"
             result.update(failed=True, msg=f"{heading} (nothing was changed on any host):\n" + "\n".join(lines))

@@ -109,6 +109,14 @@ def _first_line(option: Mapping[str, Any]) -> str:
     return description.strip().split("\n")[0].rstrip(".")
 
 
+def merge_hosts(problems: Iterable[Problem]) -> list[Problem]:
+    """One line for the same problem on several hosts, naming them all, in first-seen order."""
+    merged: dict[tuple[str, str, str, str], list[str]] = {}
+    for problem in problems:
+        merged.setdefault((problem.key, problem.found, problem.expected, problem.fix), []).append(problem.where)
+    return [Problem(", ".join(where), *details) for details, where in merged.items()]
+
+
 def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> list[Problem]:
     """Cluster-wide keys must hold one value on every node (a per-host override splits the cluster)."""
     problems = []
@@ -229,6 +237,7 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         problems += unknown_keys(host, hosts[host], known, prefixes)
         found, nodes[host] = check_options(host, hosts[host], node_options, validate)
         problems += found
+    problems = merge_hosts(problems)  # a typo in group_vars is one problem, not one per node
     problems += check_same_everywhere(hosts, cluster_options)
     found, cluster = check_options(CLUSTER_GROUP, hosts[min(hosts)], cluster_options, validate)
     problems += found

@@ -15,7 +15,7 @@ description:
     or mistyped keys, types, required keys), keys that must hold one value for the whole cluster, unique
     node ranks 0..N-1, unique fabric addresses, exactly one head holding rank 0, and one node per
     tensor-parallel rank of a size the model profile supports.
-  - Each problem is reported on one line naming the host or group, the key, what was found, what was
+  - On failure, C(msg) holds one line per problem, naming the host or group, the key, what was found, what was
     expected and the fix.
 version_added: 0.1.0
 options: {}
@@ -45,9 +45,4 @@ plan:
     nodes:
       - {host: node0, rank: 0, role: head, fabric_address: 10.60.1.10}
       - {host: node1, rank: 1, role: worker, fabric_address: 10.60.1.11}
-problems:
-  description: One line per problem found; empty on success.
-  returned: always
-  type: list
-  elements: str
 """

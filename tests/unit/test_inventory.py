@@ -170,3 +170,11 @@ def test_every_problem_is_one_line():
     hosts["node0"]["sparkfleet_node_rank"] = "zero"
     for line in lines(hosts):
         assert "\n" not in line and "; expected " in line and "; fix: " in line
+
+
+def test_same_typo_on_every_node_is_one_line():
+    hosts = copy.deepcopy(GOOD)
+    for values in hosts.values():
+        values["sparkfleet_model_profil"] = "tiny-cpu"
+    assert lines(hosts) == ["node0, node1: sparkfleet_model_profil: found an unknown key; expected only documented "
+                            "keys with this prefix; fix: rename it to sparkfleet_model_profile"]
