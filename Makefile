@@ -26,7 +26,9 @@ deps: $(STAMP)
 $(STAMP): requirements.txt scripts/bootstrap-controller
 	scripts/bootstrap-controller
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	# The machine's pip configuration may name local index folders that lack a package; pip warns for each.
+	set -o pipefail; $(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt 2>&1 \
+	  | { grep -v "^WARNING: Location 'file:" || true; }
 	rm -f $(VENV)/.installed-*
 	touch $@
 
