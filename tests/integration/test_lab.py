@@ -1,6 +1,7 @@
 """The lab playbook converges once and then changes nothing, also in check mode."""
 
 import os
+import subprocess
 from pathlib import Path
 
 from conftest import ROOT, output, run_playbook
@@ -27,3 +28,23 @@ def test_inventory_reaches_nodes_over_ssh_as_admin(lab):
     assert "StrictHostKeyChecking=yes" in text
     mode = os.stat(os.path.join(lab["extravars"]["lab_state_dir"], "id_ed25519")).st_mode & 0o777
     assert mode == 0o600
+
+
+def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
+    playbook = os.path.join(ROOT, "playbooks/lab.yml")
+    grown = run_playbook(tmp_path / "grow", playbook, extravars=dict(lab["extravars"], lab_nodes=3))
+    assert grown.status == "successful", output(grown)[-4000:]
+    text = Path(lab["inventory"]).read_text()
+    assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
+    site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"])
+    assert site.status == "successful", output(site)[-4000:]
+    assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
+
+    shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])
+    assert shrunk.status == "successful", output(shrunk)[-4000:]
+    assert "node2:" not in Path(lab["inventory"]).read_text()
+    containers = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                                check=True).stdout.split()
+    prefix = lab["extravars"]["lab_name"]
+    assert f"{prefix}-node0" in containers and f"{prefix}-node1" in containers
+    assert f"{prefix}-node2" not in containers
