@@ -1,0 +1,1 @@
+"""A local stand-in for the Hugging Face Hub, for tests (see server.py)."""

@@ -1,0 +1,263 @@
+"""scripts/make_tiny_model.py writes a loadable, verifiable, deterministic tiny Llama model."""
+
+import hashlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from safetensors import safe_open
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "make_tiny_model.py"
+
+_spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
+tiny = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("make_tiny_model", tiny)
+_spec.loader.exec_module(tiny)
+
+SMALL = {"vocab_size": 1024}  # a smaller vocabulary keeps the extra runs quick
+EXPECTED_FILES = [
+    "SHA256SUMS",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
+
+
+def expected_shapes(hidden=256, layers=2, heads=4, kv_heads=4, vocab=4096, inter=512):
+    head_dim = hidden // heads
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden],
+              "lm_head.weight": [vocab, hidden]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": [heads * head_dim, hidden],
+            p + "self_attn.k_proj.weight": [kv_heads * head_dim, hidden],
+            p + "self_attn.v_proj.weight": [kv_heads * head_dim, hidden],
+            p + "self_attn.o_proj.weight": [hidden, heads * head_dim],
+            p + "mlp.gate_proj.weight": [inter, hidden],
+            p + "mlp.up_proj.weight": [inter, hidden],
+            p + "mlp.down_proj.weight": [hidden, inter],
+            p + "input_layernorm.weight": [hidden],
+            p + "post_attention_layernorm.weight": [hidden],
+        }
+    return shapes
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())
+
+
+def headers(model_dir):
+    """{tensor name: (file, shape, dtype)} over every safetensors file in the directory."""
+    found = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(path, framework="numpy") as f:
+            assert f.metadata() == {"format": "pt"}
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                assert name not in found, f"{name} stored twice"
+                piece = f.get_slice(name)
+                found[name] = (path.name, list(piece.get_shape()), piece.get_dtype())
+    return found
+
+
+def file_sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sha256sum_check(model_dir):
+    return subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=model_dir, capture_output=True,
+                          text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def default_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("default")
+    return out, tiny.generate(out, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sharded_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    return out, tiny.generate(out, seed=0, shard_mib=1)
+
+
+def test_default_model_files_and_summary(default_model):
+    out, result = default_model
+    assert sorted(p.name for p in out.iterdir()) == EXPECTED_FILES
+    assert result["files"] == EXPECTED_FILES
+    assert result["total_bytes"] == sum(p.stat().st_size for p in out.iterdir())
+    assert result["parameters"] == sum(int(np.prod(s)) for s in expected_shapes().values())
+    assert result["weight_bytes"] == 2 * result["parameters"]
+    assert result["num_layers"] == 2
+    assert f"{result['parameters']} parameters" in result["summary"]
+    assert "\n" not in result["summary"]
+
+
+def test_sha256sums_cover_every_file_and_pass_sha256sum(default_model):
+    out, _ = default_model
+    lines = (out / "SHA256SUMS").read_text().splitlines()
+    names = [line[66:] for line in lines]
+    assert all(re.fullmatch(r"[0-9a-f]{64}  \S+", line) for line in lines)
+    assert names == sorted(names) == [f for f in EXPECTED_FILES if f != "SHA256SUMS"]
+    check = sha256sum_check(out)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count(": OK") == len(names)
+
+
+def test_config_is_a_llama_config(default_model):
+    out, _ = default_model
+    config = read_json(out / "config.json")
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["model_type"] == "llama"
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (256, 512, 2)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == (4, 4, 4096)
+    assert config["head_dim"] == config["hidden_size"] // config["num_attention_heads"] == 64
+    assert config["max_position_embeddings"] == 2048
+    assert config["tie_word_embeddings"] is False
+    assert config["rms_norm_eps"] > 0 and config["rope_theta"] > 0
+    # What is on disk decides torch_dtype: numpy has no bfloat16, so float16 (safetensors "F16").
+    assert config["torch_dtype"] == "float16"
+    generation = read_json(out / "generation_config.json")
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (config["bos_token_id"], config["eos_token_id"])
+
+
+def test_weights_have_llama_names_shapes_and_dtype(default_model):
+    out, _ = default_model
+    found = headers(out)
+    assert {name: shape for name, (_, shape, _) in found.items()} == expected_shapes()
+    assert {dtype for _, _, dtype in found.values()} == {"F16"}
+    with safe_open(out / "model.safetensors", framework="numpy") as f:
+        assert np.all(f.get_tensor("model.norm.weight") == 1.0)
+        assert np.all(f.get_tensor("model.layers.1.input_layernorm.weight") == 1.0)
+        embed = f.get_tensor("model.embed_tokens.weight").astype(np.float32)
+        assert abs(float(embed.mean())) < 0.001 and 0.018 < float(embed.std()) < 0.022
+        assert not np.array_equal(f.get_tensor("model.layers.0.self_attn.q_proj.weight"),
+                                  f.get_tensor("model.layers.0.self_attn.k_proj.weight"))
+
+
+def test_same_seed_from_the_cli_gives_identical_files(default_model, tmp_path):
+    out, _ = default_model
+    # A separate process: the tokenizer cache does not help, so the tokenizer training itself must be deterministic.
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seed", "0"], capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("\n") == 1 and "parameters" in run.stdout
+    assert (tmp_path / "SHA256SUMS").read_bytes() == (out / "SHA256SUMS").read_bytes()
+
+
+def test_another_seed_gives_other_weights(default_model, tmp_path):
+    out, _ = default_model
+    tiny.generate(tmp_path, seed=1)
+    assert file_sha(tmp_path / "model.safetensors") != file_sha(out / "model.safetensors")
+    assert sha256sum_check(tmp_path).returncode == 0
+
+
+def test_tokenizer_loads_round_trips_and_matches_config(default_model):
+    out, _ = default_model
+    config = read_json(out / "config.json")
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() == config["vocab_size"] == 4096
+    assert tok.token_to_id("<s>") == config["bos_token_id"]
+    assert tok.token_to_id("</s>") == config["eos_token_id"]
+    assert tok.token_to_id("<pad>") == config["pad_token_id"]
+    assert tok.token_to_id("<unk>") is not None
+    text = "The quick server sends 42 packets to the cluster, then waits!"
+    enc = tok.encode(text)
+    assert enc.ids[0] == config["bos_token_id"]
+    assert len(enc.ids) < len(text)  # merges were learned
+    assert tok.decode(enc.ids) == text
+    assert tok.decode(tok.encode("Ünïcode ✓ and\ttabs").ids) == "Ünïcode ✓ and\ttabs"  # byte-level: nothing unknown
+    tok_config = read_json(out / "tokenizer_config.json")
+    assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tok_config["model_max_length"] == config["max_position_embeddings"]
+    special = read_json(out / "special_tokens_map.json")
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        assert tok_config[key] == special[key]
+        assert tok.token_to_id(special[key]) is not None
+
+
+def test_chat_template_renders_a_conversation(default_model):
+    out, _ = default_model
+    tok_config = read_json(out / "tokenizer_config.json")
+    # The environment transformers uses for apply_chat_template.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    template = env.from_string(tok_config["chat_template"])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    tokens = {"bos_token": tok_config["bos_token"], "eos_token": tok_config["eos_token"]}
+    prompt = template.render(messages=messages, add_generation_prompt=True, **tokens)
+    assert prompt == "<s><|system|>\nBe brief.</s>\n<|user|>\nHello there</s>\n<|assistant|>\n"
+    closed = template.render(messages=messages, add_generation_prompt=False, **tokens)
+    assert closed == prompt.removesuffix("<|assistant|>\n")
+
+
+@pytest.mark.parametrize(("hidden", "heads"), [(64, 4), (256, 8), (512, 16)])
+def test_head_dim_below_64_is_refused_before_writing(tmp_path, hidden, heads):
+    out = tmp_path / "refused"
+    with pytest.raises(ValueError, match=rf"head_dim = hidden_size / heads = {hidden} / {heads} = \d+ is below 64"):
+        tiny.generate(out, hidden_size=hidden, heads=heads, kv_heads=heads)
+    assert not out.exists()
+
+
+def test_cli_refuses_head_dim_below_64(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x"), "--hidden-size", "64"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2
+    assert "head_dim" in run.stderr and "below 64" in run.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_sharded_index_covers_every_tensor_once(sharded_model, default_model):
+    out, result = sharded_model
+    index = read_json(out / "model.safetensors.index.json")
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    n = len(shards)
+    assert n > 2 and result["weight_files"] == shards
+    assert shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert not (out / "model.safetensors").exists()
+    found = headers(out)  # also asserts no tensor is stored in two shards
+    assert index["weight_map"] == {name: shard for name, (shard, _, _) in found.items()}
+    assert set(index["weight_map"]) == set(expected_shapes())
+    assert set(index["weight_map"].values()) == set(shards)
+    tensor_bytes = sum(int(np.prod(shape)) * 2 for _, shape, _ in found.values())
+    assert index["metadata"]["total_size"] == tensor_bytes == result["weight_bytes"]
+    assert all((out / s).stat().st_size <= 2 * 1024 * 1024 + 4096 for s in shards)  # embeddings alone are 2 MiB
+    assert "model.safetensors.index.json" in (out / "SHA256SUMS").read_text()
+    assert sha256sum_check(out).returncode == 0
+    # Sharding does not change a single value.
+    default_out, _ = default_model
+    with safe_open(default_out / "model.safetensors", framework="numpy") as whole:
+        for name, (shard, _, _) in found.items():
+            with safe_open(out / shard, framework="numpy") as part:
+                assert np.array_equal(part.get_tensor(name), whole.get_tensor(name)), name
+
+
+def test_regenerating_in_place_drops_stale_shards(tmp_path):
+    tiny.generate(tmp_path, shard_mib=1, **SMALL)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    tiny.generate(tmp_path, **SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == EXPECTED_FILES
+    assert sha256sum_check(tmp_path).returncode == 0
+
+
+def test_target_mib_grows_layers_to_reach_the_size(tmp_path):
+    result = tiny.generate(tmp_path, target_mib=12, **SMALL)
+    config = read_json(tmp_path / "config.json")
+    per_layer = 2 * sum(int(np.prod(s)) for n, s in expected_shapes(layers=1).items() if ".layers." in n)
+    assert config["num_hidden_layers"] == result["num_layers"] > 2
+    assert 12 * 2**20 <= result["weight_bytes"] < 12 * 2**20 + per_layer
+    assert config["head_dim"] >= 64
+    assert set(headers(tmp_path)) == set(expected_shapes(layers=result["num_layers"], vocab=1024))
+    # A target below what the given layers already need keeps them.
+    assert tiny.generate(tmp_path, target_mib=1, layers=3, **SMALL)["num_layers"] == 3
