@@ -5,3 +5,4 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the fake Hub: from fakehub.server import FakeHub

@@ -41,7 +41,7 @@ class ActionModule(ActionBase):
                                     "fix: register the async task and pass its ansible_job_id")
         progress_file = args.get("progress_file")
         label = args.get("label", "job")
-        interval = float(args.get("interval", 5))
+        interval = float(args.get("interval", 2))
         deadline = time.monotonic() + float(args.get("timeout", 86400))
         host = task_vars.get("inventory_hostname", "?")
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))

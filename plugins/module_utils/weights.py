@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+COMMIT = re.compile(r"[0-9a-f]{40}")  # used with fullmatch: "$" would accept a trailing newline
 MARKER = ".sparkfleet-verified.json"
 CHUNK = 8 * 1024 * 1024
 
@@ -58,7 +58,7 @@ class WeightsError(Exception):
 
 def check_revision(revision: str | None, allow_branch: bool) -> None:
     """A pinned commit, unless the user explicitly accepts a moving branch."""
-    if revision and COMMIT.match(revision):
+    if revision and COMMIT.fullmatch(revision):
         return
     if revision and allow_branch:
         return
@@ -189,7 +189,8 @@ def link_snapshot(cache_dir: str, repo_id: str, revision: str, entry: Entry) -> 
 
 
 def remove_file(cache_dir: str, repo_id: str, revision: str, entry: Entry) -> None:
-    """Delete one file of a snapshot and its blob, and nothing else."""
+    """Delete one file of a snapshot and the blob it points to (a blob is named by its content, so another link
+    to the same blob is equally damaged); other files are left alone."""
     link = os.path.join(snapshot_dir(cache_dir, repo_id, revision), entry.path)
     if os.path.islink(link):
         blob = os.path.realpath(link)
@@ -240,12 +241,16 @@ def read_marker(cache_dir: str, repo_id: str) -> dict[str, Any] | None:
         return None
 
 
-def marker_valid(cache_dir: str, repo_id: str, revision: str, manifest_sha256: str | None = None) -> bool:
-    """The cheap check: the marker names this revision (and manifest), and every file has its recorded size."""
+def marker_valid(cache_dir: str, repo_id: str, revision: str, manifest_sha256: str | None = None,
+                 selection: dict[str, Any] | None = None) -> bool:
+    """The cheap check: the marker names this revision (and manifest, and file selection), and every file has
+    its recorded size. Reads the marker and stats files; never reads their content."""
     marker = read_marker(cache_dir, repo_id)
     if not marker or marker.get("revision") != revision:
         return False
     if manifest_sha256 and marker.get("manifest_sha256") != manifest_sha256:
+        return False
+    if selection is not None and marker.get("selection") != selection:
         return False
     snapshot = snapshot_dir(cache_dir, repo_id, revision)
     for item in marker.get("files", []):
@@ -255,10 +260,12 @@ def marker_valid(cache_dir: str, repo_id: str, revision: str, manifest_sha256: s
     return True
 
 
-def write_marker(cache_dir: str, repo_id: str, revision: str, entries: list[Entry], source: str) -> dict[str, Any]:
+def write_marker(cache_dir: str, repo_id: str, revision: str, entries: list[Entry], source: str,
+                 selection: dict[str, Any] | None = None) -> dict[str, Any]:
     marker = {
         "repo_id": repo_id,
         "revision": revision,
+        "selection": selection or {},
         "manifest_sha256": manifest_hash(entries),
         "total_bytes": total_bytes(entries),
         "source": source,
@@ -306,6 +313,7 @@ class Progress:
     def __init__(self, path: str | None, total: int, phase: str, clock: Callable[[], float] = time.monotonic):
         self.path, self.total, self.phase, self.clock = path, total, phase, clock
         self.done = 0
+        self.current = ""  # the file being transferred, for the watcher
         self.started = clock()
         self._written = 0.0
 

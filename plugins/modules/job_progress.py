@@ -29,7 +29,7 @@ options:
   interval:
     description: Seconds between polls.
     type: float
-    default: 5
+    default: 2
   timeout:
     description: Seconds to wait at most.
     type: int

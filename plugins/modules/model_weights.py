@@ -13,8 +13,8 @@ description:
   - Places one checkpoint revision under O(cache_dir) in the layout huggingface_hub writes and vLLM reads
     offline (C(models--org--name/blobs), C(snapshots/<revision>), C(refs/main)), verifies every file, and
     records the verified state in C(.sparkfleet-verified.json) beside it.
-  - When that marker already names the revision (and manifest) and every file has its recorded size, the
-    module returns at once without network I/O and without hashing.
+  - When that marker already names the pinned revision and file selection and every file has its recorded size,
+    the module returns at once, without network I/O and without hashing.
   - O(source=huggingface) downloads with huggingface_hub (resumable) and checks each file against the Hub's
     LFS sha256 (or the repo's C(SHA256SUMS), or the git blob id of small files). A mismatch deletes only that
     file and fetches it once more; a second mismatch fails naming the file.
@@ -99,6 +99,10 @@ options:
         description: rsync daemon module serving the peer's cache directory.
         type: str
         default: sparkfleet-weights
+      bwlimit_kib:
+        description: Cap the pull at this many KiB/s (0 for no cap), to leave the fabric to a running service.
+        type: int
+        default: 0
   progress_file:
     description: Where to write progress (bytes done and total) for a watcher while the module runs async.
     type: path
@@ -230,7 +234,31 @@ class Job:
 
     # -- run --------------------------------------------------------------------------------------------
 
+    def selection(self):
+        return {"allow": self.p["allow_patterns"] or [], "ignore": self.p["ignore_patterns"] or []}
+
+    def verified_pin(self):
+        """The pinned revision whose marker is valid here, read without network I/O or hashing; else None."""
+        source, revision = self.p["source"], self.p["revision"]
+        if source == "local" and not revision and self.p["local_dir"] and os.path.isfile(
+                os.path.join(self.p["local_dir"], "SHA256SUMS")):
+            revision = w.local_revision(self.p["local_dir"])
+        if source == "peer" or not revision or not w.COMMIT.fullmatch(revision):
+            return None  # a peer compares against the head's manifest; a branch must be resolved first
+        if w.marker_valid(self.cache_dir, self.repo_id, revision, selection=self.selection()):
+            return revision
+        return None
+
     def run(self):
+        pinned = self.verified_pin()
+        if pinned:
+            marker = w.read_marker(self.cache_dir, self.repo_id)
+            entries = w.entries_from_dicts(marker["files"])
+            self.result.update(revision=pinned, manifest=[e.__dict__ for e in entries],
+                               manifest_sha256=marker["manifest_sha256"], total_bytes=w.total_bytes(entries),
+                               snapshot=w.snapshot_dir(self.cache_dir, self.repo_id, pinned),
+                               free_bytes=w.free_bytes(self.cache_dir), missing_bytes=0, cached=True)
+            return self.result
         revision, entries = self.manifest()
         digest = w.manifest_hash(entries)
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
@@ -238,7 +266,8 @@ class Job:
                            total_bytes=w.total_bytes(entries), snapshot=snapshot,
                            free_bytes=w.free_bytes(self.cache_dir),
                            missing_bytes=w.missing_bytes(self.cache_dir, self.repo_id, revision, entries))
-        if w.marker_valid(self.cache_dir, self.repo_id, revision, digest):
+        selection = self.selection() if self.p["source"] != "peer" else None
+        if w.marker_valid(self.cache_dir, self.repo_id, revision, digest, selection):
             self.result["cached"] = True
             return self.result
         self.result["changed"] = True
@@ -256,7 +285,7 @@ class Job:
         if self.result["seconds"] > 0:
             self.result["bytes_per_second"] = round(self.result["transferred_bytes"] / self.result["seconds"], 1)
         w.write_ref(self.cache_dir, self.repo_id, revision)
-        w.write_marker(self.cache_dir, self.repo_id, revision, entries, self.p["source"])
+        w.write_marker(self.cache_dir, self.repo_id, revision, entries, self.p["source"], self.selection())
         return self.result
 
     # -- sources ----------------------------------------------------------------------------------------
@@ -395,7 +424,7 @@ def counting_tqdm(progress):
 
         def update(self, n=1):
             if n:
-                progress.advance(n, self.desc or "")
+                progress.advance(n, progress.current)
             return super().update(n)
 
     return Counting
@@ -411,6 +440,7 @@ def fetch_hub_files(job, revision, entries):
             progress.advance(entry.size, entry.path)
             continue
         before = progress.done
+        progress.current = entry.path
         path = hub_download(job, entry.path, revision, tqdm_class=tqdm_class)
         problem = w.verify_entry(path, entry)
         if problem:
@@ -441,6 +471,8 @@ def rsync_pull(job, progress):
     os.makedirs(dest, exist_ok=True)
     argv = ["rsync", "-a", "--partial", "--append-verify", "--info=progress2", "--stats", "--no-inc-recursive",
             "--timeout=30", f"--exclude={w.MARKER}", "--exclude=*.incomplete"]
+    if peer.get("bwlimit_kib"):
+        argv.append(f"--bwlimit={peer['bwlimit_kib']}")
     if peer.get("transport") == "rsyncd":
         argv += ["--contimeout=10", f"rsync://{peer['address']}:{peer['port']}/{peer['module']}/{name}/", dest]
     else:
@@ -501,6 +533,7 @@ def main():
                 known_hosts=dict(type="path"),
                 port=dict(type="int", default=873),
                 module=dict(type="str", default="sparkfleet-weights"),
+                bwlimit_kib=dict(type="int", default=0),
             )),
             progress_file=dict(type="path"),
             plan=dict(type="bool", default=False),

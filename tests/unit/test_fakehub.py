@@ -26,13 +26,11 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+import httpx2  # noqa: E402
+import huggingface_hub as hf  # noqa: E402
 from fakehub.server import FakeHub, git_blob_id, lfs_pointer  # noqa: E402
-
-hf = pytest.importorskip("huggingface_hub")
-constants = pytest.importorskip("huggingface_hub.constants")
-errors = pytest.importorskip("huggingface_hub.errors")
-hf_http = pytest.importorskip("huggingface_hub.utils._http")
-httpx2 = pytest.importorskip("httpx2")
+from huggingface_hub import constants, errors  # noqa: E402
+from huggingface_hub.utils import _http as hf_http  # noqa: E402
 
 SERVER = TESTS_DIR / "fakehub" / "server.py"
 REPO = "acme/tiny"
