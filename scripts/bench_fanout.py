@@ -55,9 +55,11 @@ def generate(directory: str, size_mib: int) -> None:
 
 
 def inventory_for(full_inventory: str, nodes: int, target: str) -> str:
-    data = yaml.safe_load(open(full_inventory, encoding="utf-8"))
+    with open(full_inventory, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
     cluster = data["all"]["children"]["sparkfleet_cluster"]
-    cluster["hosts"] = {name: values for name, values in cluster["hosts"].items() if values["sparkfleet_node_rank"] < nodes}
+    cluster["hosts"] = {name: values for name, values in cluster["hosts"].items()
+                        if values["sparkfleet_node_rank"] < nodes}
     cluster["vars"]["sparkfleet_tensor_parallel_size"] = nodes
     with open(target, "w", encoding="utf-8") as handle:
         yaml.safe_dump(data, handle)

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -342,6 +341,3 @@ def human_bytes(count: float) -> str:
         count /= 1024
     return f"{count:.1f} TiB"
 
-
-def clear_directory(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -279,8 +279,9 @@ class Job:
                                  "free disk space or point model_weights_cache_dir at a larger filesystem")
         os.makedirs(self.cache_dir, exist_ok=True)
         started = time.monotonic()
-        {"local": self.place_local, "huggingface": self.fetch_hub, "peer": self.pull_peer}[self.p["source"]](
-            revision, entries)
+        fetch = {"local": self.place_local, "peer": self.pull_peer,
+                 "huggingface": lambda *args: fetch_hub_files(self, *args)}[self.p["source"]]
+        fetch(revision, entries)
         self.result["seconds"] = round(time.monotonic() - started, 3)
         if self.result["seconds"] > 0:
             self.result["bytes_per_second"] = round(self.result["transferred_bytes"] / self.result["seconds"], 1)
@@ -300,9 +301,6 @@ class Job:
             progress.advance(entry.size, entry.path)
             self.result["transferred_bytes"] += entry.size
         progress.write()
-
-    def fetch_hub(self, revision, entries):
-        fetch_hub_files(self, revision, entries)
 
     def pull_peer(self, revision, entries):
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)

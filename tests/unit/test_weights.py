@@ -605,11 +605,3 @@ def test_progress_without_a_file_still_counts(tmp_path):
 ])
 def test_human_bytes(count, text):
     assert w.human_bytes(count) == text
-
-
-def test_clear_directory(tmp_path):
-    (tmp_path / "d" / "e").mkdir(parents=True)
-    (tmp_path / "d" / "e" / "f").write_text("x")
-    w.clear_directory(str(tmp_path / "d"))
-    assert not (tmp_path / "d").exists()
-    w.clear_directory(str(tmp_path / "d"))  # absent: no error
