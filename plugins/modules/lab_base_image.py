@@ -92,7 +92,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.apt_sources import archive_mirror, configured_sources
 
 # Bump when the preparation below changes: it is part of the recipe hash.
-PREPARATION_VERSION = 1
+PREPARATION_VERSION = 2
 
 # Units that cannot work, or spin, in an unprivileged container.
 MASKED_UNITS = [
@@ -153,11 +153,12 @@ def prepare(module, rootfs):
     os.makedirs(wants, exist_ok=True)
     if not os.path.lexists(os.path.join(wants, "ssh.service")):
         os.symlink("/lib/systemd/system/ssh.service", os.path.join(wants, "ssh.service"))
-    for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
-        for entry in os.listdir(os.path.join(rootfs, cache)):
-            path = os.path.join(rootfs, cache, entry)
-            if os.path.isfile(path):
-                os.unlink(path)
+    # Drop the downloaded packages but keep the package lists, as on any installed system: apt's
+    # cache_valid_time judges freshness by them, and a node without lists cannot install anything.
+    archives = os.path.join(rootfs, "var/cache/apt/archives")
+    for entry in os.listdir(archives):
+        if entry.endswith(".deb"):
+            os.unlink(os.path.join(archives, entry))
 
 
 def build(module, image, suite, packages, mirror):
