@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--keep", action="store_true", help="leave the bench lab running")
     args = parser.parse_args()
+    # ansible-runner starts ansible-playbook from PATH: use the one beside this interpreter (the project's venv).
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
     work = tempfile.mkdtemp(prefix="sparkfleet-bench-")
     model = os.path.join(os.path.expanduser("~/.cache/sparkfleet/bench"), f"tiny-{args.size_mib}mib")
