@@ -136,6 +136,38 @@ def local_revision(directory: str) -> str:
         return hashlib.sha1(handle.read()).hexdigest()
 
 
+def cache_manifest(source_cache: str, repo_id: str, revision: str, allow: list[str] | None = None,
+                   ignore: list[str] | None = None) -> list[Entry]:
+    """The manifest of a snapshot already in a Hugging Face cache, read from the cache itself: each file is a
+    link to a blob named by its checksum (the sha256 for LFS files, the git blob id for the others)."""
+    snapshot = snapshot_dir(source_cache, repo_id, revision)
+    if not os.path.isdir(snapshot):
+        raise WeightsError(f"no snapshot {revision} of {repo_id} under {source_cache}",
+                           "a populated Hugging Face cache (models--org--name/snapshots/<revision>)",
+                           "download it there first (hf download REPO --revision REVISION), or use source huggingface")
+    found = {}
+    for directory, _, files in os.walk(snapshot):
+        for name in files:
+            path = os.path.join(directory, name)
+            found[os.path.relpath(path, snapshot)] = path
+    entries = []
+    for relative in select(found, allow, ignore):
+        blob = os.path.basename(os.path.realpath(found[relative]))
+        size = os.path.getsize(found[relative])
+        if re.fullmatch(r"[0-9a-f]{64}", blob):
+            entries.append(Entry(relative, size, sha256=blob))
+        elif COMMIT.fullmatch(blob):
+            entries.append(Entry(relative, size, git_sha1=blob))
+        else:
+            raise WeightsError(f"{relative} in {snapshot} pointing at {blob!r}",
+                               "a link to a blob named by its checksum",
+                               "use a cache written by huggingface_hub, or a local source with SHA256SUMS")
+    if not entries:
+        raise WeightsError(f"no file of {snapshot} matches the patterns", "at least one file",
+                           "check model_weights_allow_patterns / ignore_patterns")
+    return entries
+
+
 # ------------------------------------------------------------------------------------------- cache layout
 
 def repo_dir(cache_dir: str, repo_id: str) -> str:
@@ -163,15 +195,19 @@ def place_blob(cache_dir: str, repo_id: str, revision: str, entry: Entry, source
     blob = os.path.join(repo_dir(cache_dir, repo_id), "blobs", entry.etag)
     os.makedirs(os.path.dirname(blob), exist_ok=True)
     partial = blob + ".incomplete"
-    digest = hashlib.sha256()
+    if entry.sha256:
+        algorithm, expected, digest = "sha256", entry.sha256, hashlib.sha256()
+    else:
+        algorithm, expected, digest = "git_sha1", entry.git_sha1, hashlib.sha1()
+        digest.update(b"blob %d\0" % os.path.getsize(source))
     with open(source, "rb") as src, open(partial, "wb") as dst:
         for chunk in iter(lambda: src.read(CHUNK), b""):
             digest.update(chunk)
             dst.write(chunk)
-    if digest.hexdigest() != entry.sha256:
+    if digest.hexdigest() != expected:
         os.unlink(partial)
-        raise WeightsError(f"sha256 {digest.hexdigest()} for {entry.path} in the source {source}",
-                           f"{entry.sha256} as the manifest says", "the source itself is damaged: replace it")
+        raise WeightsError(f"{algorithm} {digest.hexdigest()} for {entry.path} in the source {source}",
+                           f"{expected} as the manifest says", "the source itself is damaged: replace it")
     os.replace(partial, blob)
     link_snapshot(cache_dir, repo_id, revision, entry)
 

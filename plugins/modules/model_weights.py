@@ -19,6 +19,8 @@ description:
     LFS sha256 (or the repo's C(SHA256SUMS), or the git blob id of small files). A mismatch deletes only that
     file and fetches it once more; a second mismatch fails naming the file.
   - O(source=local) copies a checkpoint directory that carries a C(SHA256SUMS) manifest.
+  - O(source=cache) takes a snapshot already in a Hugging Face cache on this node (O(local_dir), or O(cache_dir)
+    itself): the blob names are the checksums, so every file is verified without the Hub.
   - O(source=peer) pulls the checkpoint from another node with rsync (over SSH or from a read-only rsync
     daemon), continuing partial transfers, then verifies every file against O(manifest).
   - O(plan=true) reports the manifest, the bytes still missing and the free space, and changes nothing.
@@ -27,7 +29,7 @@ options:
   source:
     description: Where the files come from.
     type: str
-    choices: [huggingface, local, peer]
+    choices: [huggingface, local, cache, peer]
     required: true
   repo_id:
     description: Repository id (C(org/name)); names the cache directory for every source.
@@ -56,7 +58,9 @@ options:
     type: path
     required: true
   local_dir:
-    description: The checkpoint directory on this node, for O(source=local).
+    description:
+      - The checkpoint directory on this node, for O(source=local).
+      - For O(source=cache), the hub cache directory that holds the snapshot; O(cache_dir) when omitted.
     type: path
   token:
     description: Hugging Face token, for gated or private repositories.
@@ -224,6 +228,11 @@ class Job:
                                      "the checkpoint directory", "copy the checkpoint there or correct the path")
             entries = w.local_manifest(directory, self.p["allow_patterns"], self.p["ignore_patterns"])
             return (self.p["revision"] or w.local_revision(directory)), entries
+        if source == "cache":
+            w.check_revision(self.p["revision"], allow_branch=False)
+            return self.p["revision"], w.cache_manifest(self.p["local_dir"] or self.cache_dir, self.repo_id,
+                                                        self.p["revision"], self.p["allow_patterns"],
+                                                        self.p["ignore_patterns"])
         if source == "peer":
             w.check_revision(self.p["revision"], allow_branch=False)
             if not self.p["manifest"]:
@@ -279,7 +288,7 @@ class Job:
                                  "free disk space or point model_weights_cache_dir at a larger filesystem")
         os.makedirs(self.cache_dir, exist_ok=True)
         started = time.monotonic()
-        fetch = {"local": self.place_local, "peer": self.pull_peer,
+        fetch = {"local": self.place_local, "cache": self.place_cached, "peer": self.pull_peer,
                  "huggingface": lambda *args: fetch_hub_files(self, *args)}[self.p["source"]]
         fetch(revision, entries)
         self.result["seconds"] = round(time.monotonic() - started, 3)
@@ -301,6 +310,20 @@ class Job:
             progress.advance(entry.size, entry.path)
             self.result["transferred_bytes"] += entry.size
         progress.write()
+
+    def place_cached(self, revision, entries):
+        """Verify a snapshot in place, or copy it from another cache directory, checking every file."""
+        source_snapshot = w.snapshot_dir(self.p["local_dir"] or self.cache_dir, self.repo_id, revision)
+        snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
+        bad = self.verify_all(snapshot, entries) if os.path.isdir(snapshot) else list(entries)
+        if os.path.realpath(source_snapshot) == os.path.realpath(snapshot):
+            if bad:
+                raise w.WeightsError(f"{', '.join(e.path for e in bad)} not matching the checksum in its blob name",
+                                     "an intact cache", "delete those files from the cache and download them again")
+            return
+        for entry in bad:
+            w.place_blob(self.cache_dir, self.repo_id, revision, entry, os.path.join(source_snapshot, entry.path))
+            self.result["transferred_bytes"] += entry.size
 
     def pull_peer(self, revision, entries):
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
@@ -512,7 +535,7 @@ def rsync_pull(job, progress):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            source=dict(type="str", choices=["huggingface", "local", "peer"], required=True),
+            source=dict(type="str", choices=["huggingface", "local", "cache", "peer"], required=True),
             repo_id=dict(type="str", required=True),
             revision=dict(type="str"),
             allow_branch=dict(type="bool", default=False),
@@ -536,7 +559,8 @@ def main():
             progress_file=dict(type="path"),
             plan=dict(type="bool", default=False),
         ),
-        required_if=[("source", "local", ["local_dir"]), ("source", "peer", ["peer", "manifest", "revision"])],
+        required_if=[("source", "local", ["local_dir"]), ("source", "peer", ["peer", "manifest", "revision"]),
+                     ("source", "cache", ["revision"])],
         supports_check_mode=True,
     )
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -241,3 +241,30 @@ def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub
     resumed = weights(lab, hub, tmp_path, "away")
     assert resumed.status == "successful", output(resumed)[-4000:]
     assert marker(lab, "node1", "away")["revision"] == COMMIT
+
+
+def add_profile(hub, name, **checkpoint):
+    data = yaml.safe_load((Path(hub.profiles) / "hub-tiny.yml").read_text())
+    data.update(name=name, checkpoint=dict(data["checkpoint"], **checkpoint))
+    (Path(hub.profiles) / f"{name}.yml").write_text(yaml.safe_dump(data))
+
+
+def test_unknown_revision_is_named(lab, hub, tmp_path):
+    add_profile(hub, "hub-unknown", revision="0" * 40)
+    refused = weights(lab, hub, tmp_path, "unknown", sparkfleet_model_profile="hub-unknown")
+    assert refused.status == "failed"
+    assert f"found no revision {'0' * 40} in test-org/tiny; expected an existing commit" in output(refused)
+
+
+def test_populated_cache_is_a_source_without_the_hub(lab, hub, tmp_path):
+    seeded = weights(lab, hub, tmp_path, "seed")  # a cache on the head, as `hf download` would leave it
+    assert seeded.status == "successful", output(seeded)[-4000:]
+    add_profile(hub, "cache-tiny", source="cache", path="/var/lib/sparkfleet-it/seed/hub")
+    hub.reset_log()
+    result = weights(lab, hub, tmp_path, "fromcache", sparkfleet_model_profile="cache-tiny")
+    text = output(result)
+    assert result.status == "successful", text[-4000:]
+    assert hub.requests == []  # the blob names carry the checksums: no Hub needed
+    assert "node0: test-org/tiny@3f1d2c4b5a69 verified (7 files" in text
+    assert marker(lab, "node1", "fromcache")["source"] == "peer"
+    assert marker(lab, "node0", "fromcache")["source"] == "cache"

@@ -605,3 +605,54 @@ def test_progress_without_a_file_still_counts(tmp_path):
 ])
 def test_human_bytes(count, text):
     assert w.human_bytes(count) == text
+
+
+def _populated_cache(root, files):
+    """A hub cache as huggingface_hub leaves it: blobs named by checksum, snapshot links to them."""
+    entries = []
+    for path, data in files.items():
+        source = root / "src" / path
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_bytes(data)
+        if path.endswith(".safetensors"):
+            entry = w.Entry(path, len(data), sha256=hashlib.sha256(data).hexdigest())
+        else:
+            entry = w.Entry(path, len(data), git_sha1=hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+        w.place_blob(str(root / "hub"), "org/m", COMMIT_A, entry, str(source))
+        entries.append(entry)
+    return entries
+
+
+COMMIT_A = "a" * 40
+
+
+def test_cache_manifest_reads_checksums_from_blob_names(tmp_path):
+    entries = _populated_cache(tmp_path, {"model.safetensors": b"\x01" * 4096, "sub/config.json": b'{"a": 1}'})
+    found = w.cache_manifest(str(tmp_path / "hub"), "org/m", COMMIT_A)
+    assert sorted(found, key=lambda e: e.path) == sorted(entries, key=lambda e: e.path)
+    assert [e.path for e in w.cache_manifest(str(tmp_path / "hub"), "org/m", COMMIT_A, ignore=["*.json"])] == [
+        "model.safetensors"]
+    for entry in found:  # every file verifies against the checksum its blob name carries
+        snapshot = w.snapshot_dir(str(tmp_path / "hub"), "org/m", COMMIT_A)
+        assert w.verify_entry(os.path.join(snapshot, entry.path), entry) is None
+
+
+def test_cache_manifest_refuses_a_missing_snapshot_and_foreign_links(tmp_path):
+    with pytest.raises(w.WeightsError, match="no snapshot"):
+        w.cache_manifest(str(tmp_path / "hub"), "org/m", COMMIT_A)
+    snapshot = tmp_path / "hub" / "models--org--m" / "snapshots" / COMMIT_A
+    snapshot.mkdir(parents=True)
+    (tmp_path / "elsewhere.bin").write_bytes(b"x")
+    (snapshot / "weights.bin").symlink_to(tmp_path / "elsewhere.bin")
+    with pytest.raises(w.WeightsError) as caught:
+        w.cache_manifest(str(tmp_path / "hub"), "org/m", COMMIT_A)
+    assert "pointing at 'elsewhere.bin'" in caught.value.found
+
+
+def test_place_blob_verifies_git_blob_ids_too(tmp_path):
+    (tmp_path / "config.json").write_bytes(b"{}")
+    good = w.Entry("config.json", 2, git_sha1=hashlib.sha1(b"blob 2\0{}").hexdigest())
+    w.place_blob(str(tmp_path / "hub"), "org/m", COMMIT_A, good, str(tmp_path / "config.json"))
+    bad = w.Entry("config.json", 2, git_sha1="0" * 40)
+    with pytest.raises(w.WeightsError, match="git_sha1"):
+        w.place_blob(str(tmp_path / "hub2"), "org/m", COMMIT_A, bad, str(tmp_path / "config.json"))
