@@ -368,7 +368,6 @@ def test_git_sha1_of_the_empty_file_is_gits():
     assert git_blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="no git binary")
 @pytest.mark.parametrize("data", [b"", b"hello\n", bytes(range(256)) * 3])
 def test_git_sha1_matches_git_hash_object(tmp_path, data):
     path = tmp_path / "blob"
