@@ -258,23 +258,23 @@ class Job:
             return revision
         return None
 
+    def describe(self, revision, entries, digest, missing):
+        self.result.update(revision=revision, manifest=[e.__dict__ for e in entries], manifest_sha256=digest,
+                           total_bytes=w.total_bytes(entries), missing_bytes=missing,
+                           snapshot=w.snapshot_dir(self.cache_dir, self.repo_id, revision),
+                           free_bytes=w.free_bytes(self.cache_dir))
+
     def run(self):
         pinned = self.verified_pin()
         if pinned:
             marker = w.read_marker(self.cache_dir, self.repo_id)
-            entries = w.entries_from_dicts(marker["files"])
-            self.result.update(revision=pinned, manifest=[e.__dict__ for e in entries],
-                               manifest_sha256=marker["manifest_sha256"], total_bytes=w.total_bytes(entries),
-                               snapshot=w.snapshot_dir(self.cache_dir, self.repo_id, pinned),
-                               free_bytes=w.free_bytes(self.cache_dir), missing_bytes=0, cached=True)
+            self.describe(pinned, w.entries_from_dicts(marker["files"]), marker["manifest_sha256"], missing=0)
+            self.result["cached"] = True
             return self.result
         revision, entries = self.manifest()
         digest = w.manifest_hash(entries)
-        snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
-        self.result.update(revision=revision, manifest=[e.__dict__ for e in entries], manifest_sha256=digest,
-                           total_bytes=w.total_bytes(entries), snapshot=snapshot,
-                           free_bytes=w.free_bytes(self.cache_dir),
-                           missing_bytes=w.missing_bytes(self.cache_dir, self.repo_id, revision, entries))
+        self.describe(revision, entries, digest,
+                      missing=w.missing_bytes(self.cache_dir, self.repo_id, revision, entries))
         selection = self.selection() if self.p["source"] != "peer" else None
         if w.marker_valid(self.cache_dir, self.repo_id, revision, digest, selection):
             self.result["cached"] = True
@@ -301,12 +301,16 @@ class Job:
     # -- sources ----------------------------------------------------------------------------------------
 
     def place_local(self, revision, entries):
+        self.copy_unverified(self.p["local_dir"], revision, entries)
+
+    def copy_unverified(self, source_dir, revision, entries):
+        """Copy from source_dir (hashing as it copies) every file not already verified in our snapshot."""
         progress = w.Progress(self.p["progress_file"], w.total_bytes(entries), "copy")
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
         for entry in entries:
             if w.verify_entry(os.path.join(snapshot, entry.path), entry) is None:
                 continue
-            w.place_blob(self.cache_dir, self.repo_id, revision, entry, os.path.join(self.p["local_dir"], entry.path))
+            w.place_blob(self.cache_dir, self.repo_id, revision, entry, os.path.join(source_dir, entry.path))
             progress.advance(entry.size, entry.path)
             self.result["transferred_bytes"] += entry.size
         progress.write()
@@ -315,15 +319,13 @@ class Job:
         """Verify a snapshot in place, or copy it from another cache directory, checking every file."""
         source_snapshot = w.snapshot_dir(self.p["local_dir"] or self.cache_dir, self.repo_id, revision)
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
-        bad = self.verify_all(snapshot, entries) if os.path.isdir(snapshot) else list(entries)
-        if os.path.realpath(source_snapshot) == os.path.realpath(snapshot):
-            if bad:
-                raise w.WeightsError(f"{', '.join(e.path for e in bad)} not matching the checksum in its blob name",
-                                     "an intact cache", "delete those files from the cache and download them again")
+        if os.path.realpath(source_snapshot) != os.path.realpath(snapshot):
+            self.copy_unverified(source_snapshot, revision, entries)
             return
-        for entry in bad:
-            w.place_blob(self.cache_dir, self.repo_id, revision, entry, os.path.join(source_snapshot, entry.path))
-            self.result["transferred_bytes"] += entry.size
+        bad = self.verify_all(snapshot, entries)
+        if bad:
+            raise w.WeightsError(f"{', '.join(e.path for e in bad)} not matching the checksum in its blob name",
+                                 "an intact cache", "delete those files from the cache and download them again")
 
     def pull_peer(self, revision, entries):
         snapshot = w.snapshot_dir(self.cache_dir, self.repo_id, revision)
