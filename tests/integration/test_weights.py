@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, output, run_playbook, task_names
+from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, task_names
 from fakehub.server import FakeHub
 
 COMMIT = "3f1d2c4b5a69788796a5b4c3d2e1f00112233445"
@@ -30,20 +30,6 @@ def load_generator():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def lab_hosts(lab):
-    data = yaml.safe_load(Path(lab["inventory"]).read_text())
-    return data["all"]["children"]["sparkfleet_cluster"]["hosts"]
-
-
-def container(lab, node):
-    return f"{lab['extravars']['lab_name']}-{node}"
-
-
-def on_node(lab, node, *argv, check=True):
-    return subprocess.run(["docker", "exec", container(lab, node), *argv], capture_output=True, text=True,
-                          check=check, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,167 @@
+"""The serve and verify stages on the lab: a real vLLM (CPU build) split over two nodes (tensor parallel 2).
+
+Every check reads the live state: the units, the server's own log line and metrics, the files on the nodes.
+The failure cases break the running service the way the field does (an engine process killed, a checkpoint
+that no longer loads, a client with the wrong key) and look at what sparkfleet reports and does.
+"""
+
+import os
+import re
+import time
+
+import pytest
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook
+
+SITE = os.path.join(ROOT, "site.yml")
+SERVE = os.path.join(ROOT, "playbooks/serve.yml")
+VERIFY = os.path.join(ROOT, "playbooks/verify.yml")
+LOGS = "/var/log/sparkfleet/vllm"
+UNIT = "sparkfleet-vllm.service"
+POOL = 262_144  # tiny-cpu over two ranks: 256 MiB / (2 layers x 2 heads x 256 B) in blocks of 128
+
+
+def unit(lab, node):
+    """The unit's state as systemd reports it."""
+    text = on_node(lab, node, "systemctl", "show", UNIT, "-p", "ActiveState", "-p", "Result", "-p", "MainPID",
+                   "-p", "NRestarts").stdout
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(2)
+    pytest.fail(f"waited {timeout} s for {what}")
+
+
+def api_key(lab):
+    with open(os.path.join(lab["extravars"]["lab_state_dir"], "api_key"), encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+@pytest.fixture(scope="module")
+def served(lab, tmp_path_factory):
+    """site.yml converged on the lab: weights, then both ranks serving, then verified."""
+    runner = run_playbook(tmp_path_factory.mktemp("serve") / "converge", SITE, inventory=lab["inventory"])
+    text = output(runner)
+    assert runner.status == "successful", text[-6000:]
+    return text
+
+
+def test_site_serves_the_planned_pool_and_verifies_it(served, lab):
+    head = lab_hosts(lab)["node0"]["ansible_host"]
+    assert f"verified: tiny-cpu on http://{head}:8888 (both, canary ok)" in served
+    assert re.search(r"KV pool tokens\s+262,144\s+262,144", served)
+    assert re.search(r"max_model_len\s+512\s+512", served)
+    assert re.search(r"concurrency at max context\s+512.00x\s+512.00x", served)
+    assert re.search(r"boot to ready\s+\d+ s", served)
+    assert re.search(r"canary latency\s+\d+\.\d\d s", served)
+    assert re.search(r"Xid errors node1\s+0\s+no GPU", served)
+    # The server's own word, in this start's log, on the head: the same pool.
+    log = on_node(lab, "node0", "cat", f"{LOGS}/current.log").stdout
+    assert f"CPU KV cache size: {POOL:,} tokens" in log
+    assert "Maximum concurrency for 512 tokens per request: 512.00x" in log
+
+
+def test_both_ranks_run_as_one_engine(served, lab):
+    for node in ("node0", "node1"):
+        assert unit(lab, node)["ActiveState"] == "active"
+        assert on_node(lab, node, "systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
+    launcher = on_node(lab, "node1", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
+    assert "--headless" in launcher and "--node-rank 1" in launcher and "--nnodes 2" in launcher
+    fabric = lab_hosts(lab)["node0"]["sparkfleet_fabric_address"]
+    assert f"--master-addr {fabric}" in launcher
+    head_launcher = on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
+    assert "--headless" not in head_launcher and "--node-rank 0" in head_launcher
+    assert "Launching vLLM" in on_node(lab, "node1", "cat", f"{LOGS}/current.log").stdout
+
+
+def test_the_api_key_stays_in_a_0600_file(served, lab):
+    key = api_key(lab)
+    assert key not in served
+    stat = on_node(lab, "node0", "stat", "-c", "%a %U", "/etc/sparkfleet/vllm.env").stdout.split()
+    assert stat == ["600", "root"]
+    assert f"VLLM_API_KEY={key}" in on_node(lab, "node0", "cat", "/etc/sparkfleet/vllm.env").stdout
+    assert key not in on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
+    assert key not in on_node(lab, "node0", "ps", "-eo", "args").stdout
+    assert "VLLM_API_KEY" not in on_node(lab, "node1", "cat", "/etc/sparkfleet/vllm.env").stdout
+
+
+def test_each_start_logs_to_a_new_file_behind_a_stable_link(served, lab):
+    target = on_node(lab, "node0", "readlink", f"{LOGS}/current.log").stdout.strip()
+    assert re.fullmatch(r"vllm-boot\d{8}T\d{6}Z-[0-9a-f]{12}\.log", target), target
+    first = on_node(lab, "node0", "head", "-n", "1", f"{LOGS}/current.log").stdout
+    assert first.startswith("sparkfleet: rank 0 start ")
+
+
+def test_a_second_run_restarts_nothing_and_changes_nothing(served, lab, tmp_path):
+    before = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
+    runner = run_playbook(tmp_path, SITE, inventory=lab["inventory"])
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert runner.stats["changed"] == {}
+    assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == before
+
+
+def test_check_mode_verifies_the_running_service_and_reports_no_drift(served, lab, tmp_path):
+    runner = run_playbook(tmp_path, SITE, inventory=lab["inventory"], cmdline="--check")
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert runner.stats["changed"] == {}
+    assert "verified: tiny-cpu" in text
+
+
+def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):
+    runner = run_playbook(tmp_path, VERIFY, inventory=lab["inventory"],
+                          extravars={"sparkfleet_api_key": "not-the-key"})
+    text = output(runner)
+    assert runner.status == "failed"
+    assert "401" in text and "API key" in text
+    assert "not-the-key" not in text and api_key(lab) not in text
+
+
+def test_a_killed_engine_is_reported_and_the_service_comes_back(served, lab, tmp_path):
+    engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
+    assert engine, "no EngineCore process on the head"
+    on_node(lab, "node0", "kill", "-KILL", *engine)
+    runner = run_playbook(tmp_path / "verify", VERIFY, inventory=lab["inventory"],
+                          extravars={"verify_wait_timeout": 20})
+    text = output(runner)
+    assert runner.status == "failed"
+    assert re.search(r"503|engine (is )?dead|refused", text), text[-3000:]
+    # systemd restarts the head by itself (bounded); the next run brings every rank back together.
+    wait_for(lambda: int(unit(lab, "node0").get("NRestarts", 0)) >= 1, 180, "the head's automatic restart")
+    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert "verified: tiny-cpu" in output(runner)
+
+
+def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
+    hub = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu/snapshots"
+    snapshot = on_node(lab, "node0", "sh", "-c", f"ls -d {hub}/*").stdout.strip()
+    on_node(lab, "node0", "mv", f"{snapshot}/config.json", f"{snapshot}/config.json.away")
+    try:
+        runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
+                              extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2})
+        assert runner.status == "successful", output(runner)[-4000:]  # the units start; the engine cannot
+        wait_for(lambda: unit(lab, "node0")["ActiveState"] == "failed", 240, "the head to stop restarting")
+        state = unit(lab, "node0")
+        assert state["Result"] == "start-limit-hit"
+        wait_for(lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
+                                 check=False).returncode == 0, 30, "the give-up marker")
+        marker = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
+        assert "result=start-limit-hit" in marker
+        assert "fix: read the log; then run the serve stage again" in marker
+        assert "config.json" in marker  # the log's tail names what the engine could not load
+        time.sleep(5)
+        assert unit(lab, "node0")["ActiveState"] == "failed"  # it stays failed: no loop
+    finally:
+        on_node(lab, "node0", "mv", f"{snapshot}/config.json.away", f"{snapshot}/config.json", check=False)
+    # The next run reports why the rank had stopped, restarts every rank together, and verifies.
+    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert "sparkfleet-vllm gave up at" in text
+    assert "verified: tiny-cpu" in text
+    assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
