@@ -12,8 +12,8 @@ DOCUMENTATION = r"""
 name: xid_errors
 short_description: The NVIDIA Xid error lines of a kernel log, less the benign codes
 description:
-  - Picks the C(NVRM: Xid (PCI:...): <code>, ...) lines and drops those whose code is in O(ignored)
-    (codes in decimal, C(81), or hexadecimal, C(0x51)).
+  - "Picks the kernel's NVIDIA Xid lines (C(NVRM: Xid (PCI:...): <code>, ...)) and drops those whose code is in
+    O(ignored) (codes in decimal, C(81), or hexadecimal, C(0x51))."
 version_added: 0.2.0
 options:
   _input:

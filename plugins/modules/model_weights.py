@@ -20,7 +20,7 @@ description:
     file and fetches it once more; a second mismatch fails naming the file.
   - O(source=local) copies a checkpoint directory that carries a C(SHA256SUMS) manifest.
   - O(source=cache) takes a snapshot already in a Hugging Face cache on this node (O(local_dir), or O(cache_dir)
-    itself): the blob names are the checksums, so every file is verified without the Hub.
+    itself); its blob names are the checksums, so every file is verified without the Hub.
   - O(source=peer) pulls the checkpoint from another node with rsync (over SSH or from a read-only rsync
     daemon), continuing partial transfers, then verifies every file against O(manifest).
   - O(plan=true) reports the manifest, the bytes still missing and the free space, and changes nothing.
