@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate a tiny random-weight Llama model (LlamaForCausalLM) offline, without torch.
+"""Generate a tiny random-weight Llama (or DeepSeek-V2 MLA) model offline, without torch.
 
 The output directory is a complete Hugging Face style model that vLLM (CPU build included) and
 transformers can load: config.json, safetensors weights (one file or shards plus an index), a BPE
@@ -13,11 +13,18 @@ so the bytes do not depend on thread scheduling, on sharding, or on how many lay
 numpy has no bfloat16, so weights are written as float16 and config.json says ``"torch_dtype":
 "float16"`` to match what is on disk.
 
+``arch="llama"`` (the default) writes a ``LlamaForCausalLM``. ``arch="deepseek-mla"`` writes a
+DeepSeek-V2-shaped ``DeepseekV2ForCausalLM`` with multi-head latent attention: kv_lora_rank 512 and
+qk_rope_head_dim 64 (the only MLA shape vLLM's CPU build serves), no q LoRA, small nope/value head dims, and
+every MLP dense (``first_k_dense_replace`` = the layer count; the MoE keys vLLM reads are still present). Its
+KV cache holds one latent of kv_lora_rank + qk_rope_head_dim = 576 values per token and layer; ``kv_heads``
+does not apply to it.
+
 Usage as a script::
 
     python scripts/make_tiny_model.py --out DIR [--seed 0] [--hidden-size 256] [--layers 2] [--heads 4]
         [--kv-heads 4] [--vocab-size 4096] [--intermediate-size 512] [--target-mib N] [--shard-mib M]
-        [--max-position 2048]
+        [--max-position 2048] [--arch {llama,deepseek-mla}]
 
 Usage as a module::
 
@@ -40,11 +47,23 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 MIB = 1024 * 1024
+ARCHS = ("llama", "deepseek-mla")
 MIN_HEAD_DIM = 64
 MIN_VOCAB_SIZE = 512
 INIT_STD = 0.02
 RMS_NORM_EPS = 1e-5
 ROPE_THETA = 10000.0
+
+# DeepSeek-V2 MLA shapes. vLLM's CPU build serves only kv_lora_rank 512 with qk_rope_head_dim 64 (a latent of 48,
+# for one, boots and then dies on the first request); the nope and value head dims are free and kept small.
+MLA_KV_LORA_RANK = 512
+MLA_QK_ROPE_HEAD_DIM = 64
+MLA_QK_NOPE_HEAD_DIM = 32
+MLA_V_HEAD_DIM = 32
+# MoE keys the DeepSeek-V2 loader reads; with first_k_dense_replace = num_hidden_layers no layer uses them.
+MLA_ROUTED_EXPERTS = 4
+MLA_EXPERTS_PER_TOKEN = 2
+MLA_SHARED_EXPERTS = 1
 
 # numpy cannot represent bfloat16 and safetensors.numpy cannot write it, so float16 is what goes on disk.
 WEIGHT_DTYPE = np.dtype(np.float16)
@@ -94,7 +113,9 @@ ENDINGS = (".", ".", ".", "?", "!")
 
 
 def _validate(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size, target_mib, shard_mib,
-              max_position, seed):
+              max_position, seed, arch="llama"):
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     for name, value in (("hidden_size", hidden_size), ("layers", layers), ("heads", heads), ("kv_heads", kv_heads),
                         ("intermediate_size", intermediate_size), ("max_position", max_position)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -106,6 +127,12 @@ def _validate(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_siz
                          f"tokens plus merges), got {vocab_size!r}")
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by heads {heads}")
+    if shard_mib is None or not shard_mib > 0:
+        raise ValueError(f"shard_mib must be positive, got {shard_mib!r}")
+    if target_mib is not None and not target_mib > 0:
+        raise ValueError(f"target_mib must be positive, got {target_mib!r}")
+    if arch == "deepseek-mla":
+        return MLA_QK_NOPE_HEAD_DIM + MLA_QK_ROPE_HEAD_DIM  # fixed MLA head dims; kv_heads does not apply
     head_dim = hidden_size // heads
     if head_dim < MIN_HEAD_DIM:
         raise ValueError(
@@ -117,20 +144,33 @@ def _validate(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_siz
         raise ValueError(f"head_dim {head_dim} must be even for rotary embeddings")
     if heads % kv_heads:
         raise ValueError(f"heads {heads} is not divisible by kv_heads {kv_heads}")
-    if shard_mib is None or not shard_mib > 0:
-        raise ValueError(f"shard_mib must be positive, got {shard_mib!r}")
-    if target_mib is not None and not target_mib > 0:
-        raise ValueError(f"target_mib must be positive, got {target_mib!r}")
     return head_dim
 
 
-def _layer_shapes(i, hidden_size, heads, kv_heads, head_dim, intermediate_size):
-    p = f"model.layers.{i}."
+def _attention_shapes(p, hidden_size, heads, kv_heads, head_dim, arch):
+    if arch == "deepseek-mla":
+        qk_head_dim = MLA_QK_NOPE_HEAD_DIM + MLA_QK_ROPE_HEAD_DIM
+        return [
+            (p + "self_attn.q_proj.weight", (heads * qk_head_dim, hidden_size), "normal"),
+            (p + "self_attn.kv_a_proj_with_mqa.weight", (MLA_KV_LORA_RANK + MLA_QK_ROPE_HEAD_DIM, hidden_size),
+             "normal"),
+            (p + "self_attn.kv_a_layernorm.weight", (MLA_KV_LORA_RANK,), "ones"),
+            (p + "self_attn.kv_b_proj.weight", (heads * (MLA_QK_NOPE_HEAD_DIM + MLA_V_HEAD_DIM), MLA_KV_LORA_RANK),
+             "normal"),
+            (p + "self_attn.o_proj.weight", (hidden_size, heads * MLA_V_HEAD_DIM), "normal"),
+        ]
     return [
         (p + "self_attn.q_proj.weight", (heads * head_dim, hidden_size), "normal"),
         (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden_size), "normal"),
         (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden_size), "normal"),
         (p + "self_attn.o_proj.weight", (hidden_size, heads * head_dim), "normal"),
+    ]
+
+
+def _layer_shapes(i, hidden_size, heads, kv_heads, head_dim, intermediate_size, arch="llama"):
+    p = f"model.layers.{i}."
+    return [
+        *_attention_shapes(p, hidden_size, heads, kv_heads, head_dim, arch),
         (p + "mlp.gate_proj.weight", (intermediate_size, hidden_size), "normal"),
         (p + "mlp.up_proj.weight", (intermediate_size, hidden_size), "normal"),
         (p + "mlp.down_proj.weight", (hidden_size, intermediate_size), "normal"),
@@ -139,12 +179,12 @@ def _layer_shapes(i, hidden_size, heads, kv_heads, head_dim, intermediate_size):
     ]
 
 
-def tensor_plan(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size):
+def tensor_plan(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size, arch="llama"):
     """The (name, shape, init) of every tensor of the model, in module order."""
     head_dim = hidden_size // heads
     plan = [("model.embed_tokens.weight", (vocab_size, hidden_size), "normal")]
     for i in range(layers):
-        plan += _layer_shapes(i, hidden_size, heads, kv_heads, head_dim, intermediate_size)
+        plan += _layer_shapes(i, hidden_size, heads, kv_heads, head_dim, intermediate_size, arch)
     plan += [("model.norm.weight", (hidden_size,), "ones"), ("lm_head.weight", (vocab_size, hidden_size), "normal")]
     return plan
 
@@ -156,12 +196,13 @@ def _numel(shape):
     return n
 
 
-def _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size):
+def _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size,
+                       arch="llama"):
     """The smallest layer count (at least `layers`) whose weights reach target_mib."""
     head_dim = hidden_size // heads
     itemsize = WEIGHT_DTYPE.itemsize
     per_layer = sum(_numel(s) for _, s, _ in _layer_shapes(0, hidden_size, heads, kv_heads, head_dim,
-                                                             intermediate_size)) * itemsize
+                                                             intermediate_size, arch)) * itemsize
     fixed = (2 * vocab_size * hidden_size + hidden_size) * itemsize
     needed = -(-(int(target_mib * MIB) - fixed) // per_layer)  # ceiling division
     return max(layers, needed)
@@ -298,7 +339,55 @@ def _tokenizer_config(max_position):
 # Output
 
 
-def _model_config(hidden_size, layers, heads, kv_heads, head_dim, vocab_size, intermediate_size, max_position):
+def _mla_config(hidden_size, layers, heads, vocab_size, intermediate_size, max_position):
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "kv_lora_rank": MLA_KV_LORA_RANK,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": MLA_QK_NOPE_HEAD_DIM,
+        "qk_rope_head_dim": MLA_QK_ROPE_HEAD_DIM,
+        "v_head_dim": MLA_V_HEAD_DIM,
+        # Dense everywhere: the first first_k_dense_replace layers get a plain MLP, and that is all of them.
+        "first_k_dense_replace": layers,
+        "moe_layer_freq": 1,
+        "n_routed_experts": MLA_ROUTED_EXPERTS,
+        "n_shared_experts": MLA_SHARED_EXPERTS,
+        "num_experts_per_tok": MLA_EXPERTS_PER_TOKEN,
+        "moe_intermediate_size": max(1, intermediate_size // 4),
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": False,
+        "scoring_func": "softmax",
+        "routed_scaling_factor": 1.0,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position,
+        "initializer_range": INIT_STD,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "vocab_size": vocab_size,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "torch_dtype": TORCH_DTYPE,
+    }
+
+
+def _model_config(hidden_size, layers, heads, kv_heads, head_dim, vocab_size, intermediate_size, max_position,
+                  arch="llama"):
+    if arch == "deepseek-mla":
+        return _mla_config(hidden_size, layers, heads, vocab_size, intermediate_size, max_position)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -345,18 +434,21 @@ def _remove_stale_weights(out):
 
 
 def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4, vocab_size=4096,
-             intermediate_size=512, target_mib=None, shard_mib=512, max_position=2048, threads=None):
-    """Write a random-weight Llama model, its tokenizer and SHA256SUMS into out_dir; return a summary dict.
+             intermediate_size=512, target_mib=None, shard_mib=512, max_position=2048, threads=None, arch="llama"):
+    """Write a random-weight model, its tokenizer and SHA256SUMS into out_dir; return a summary dict.
 
+    arch is "llama" (LlamaForCausalLM) or "deepseek-mla" (a dense DeepseekV2ForCausalLM with MLA; kv_heads is
+    not used and head_dim in the result is its query/key head dim, qk_nope_head_dim + qk_rope_head_dim).
     With target_mib the number of layers grows (from `layers`) until the weights reach at least that many MiB.
     Raises ValueError for an unusable shape (head_dim below 64 among them) before anything is written.
     """
     started = time.perf_counter()
     head_dim = _validate(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size, target_mib,
-                         shard_mib, max_position, seed)
+                         shard_mib, max_position, seed, arch)
     if target_mib is not None:
-        layers = _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size)
-    plan = tensor_plan(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size)
+        layers = _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size,
+                                    arch)
+    plan = tensor_plan(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size, arch)
     parameters = sum(_numel(shape) for _, shape, _ in plan)
     weight_bytes = parameters * WEIGHT_DTYPE.itemsize
     groups = _shards(plan, int(shard_mib * MIB)) if weight_bytes > shard_mib * MIB else [plan]
@@ -367,7 +459,7 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
     written = []
 
     config = _model_config(hidden_size, layers, heads, kv_heads, head_dim, vocab_size, intermediate_size,
-                           max_position)
+                           max_position, arch)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
                                                  "pad_token_id": PAD_ID})
@@ -404,6 +496,7 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
     total_bytes = sum((out / name).stat().st_size for name in files)
     seconds = time.perf_counter() - started
     summary = (f"wrote {len(files)} files, {total_bytes} bytes ({total_bytes / MIB:.1f} MiB) to {out}: "
+               f"{config['architectures'][0]}, "
                f"{parameters} parameters, {layers} layers, {len(shard_names)} weight file(s) of {TORCH_DTYPE} "
                f"({weight_bytes / MIB:.1f} MiB) in {seconds:.1f}s")
     return {
@@ -415,6 +508,7 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
         "parameters": parameters,
         "num_layers": layers,
         "head_dim": head_dim,
+        "arch": arch,
         "dtype": TORCH_DTYPE,
         "config": config,
         "seconds": seconds,
@@ -437,12 +531,14 @@ def main(argv=None):
     parser.add_argument("--shard-mib", type=float, default=512,
                         help="split the weights into shards of at most this many MiB (default 512)")
     parser.add_argument("--max-position", type=int, default=2048)
+    parser.add_argument("--arch", choices=ARCHS, default="llama",
+                        help="llama (LlamaForCausalLM) or deepseek-mla (dense DeepseekV2ForCausalLM with MLA)")
     args = parser.parse_args(argv)
     try:
         result = generate(args.out, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers,
                           heads=args.heads, kv_heads=args.kv_heads, vocab_size=args.vocab_size,
                           intermediate_size=args.intermediate_size, target_mib=args.target_mib,
-                          shard_mib=args.shard_mib, max_position=args.max_position)
+                          shard_mib=args.shard_mib, max_position=args.max_position, arch=args.arch)
     except ValueError as e:
         parser.error(str(e))
     print(result["summary"])

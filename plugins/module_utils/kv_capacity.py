@@ -181,7 +181,7 @@ def problems(result: Mapping[str, Any], profile: Mapping[str, Any]) -> list[tupl
     limit = (profile.get("capacity") or {}).get("max_context")
     if limit and result["max_model_len"] > int(limit):
         found.append(("max-model-len", f"{result['max_model_len']:,}", f"at most the model's limit {int(limit):,}",
-                      "lower max-model-len in vllm_service_args or the profile"))
+                      "lower max-model-len in sparkfleet_vllm_args or the profile"))
     if result["pool_bytes"] <= 0:
         found.append(("kv-cache-memory-bytes", f"a KV pool of {result['pool_bytes']:,} B",
                       "a positive pool after the weights and the runtime",

@@ -3,9 +3,11 @@
 import os
 import re
 import shutil
+import subprocess
 
 import ansible_runner
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB_NAME = "sparkfleet-it"
@@ -54,6 +56,22 @@ def lab_inventory_copy(lab, tmp_path):
     target.mkdir()
     shutil.copy(lab["inventory"], target / "hosts.yml")
     return target
+
+
+def lab_hosts(lab):
+    """The lab inventory's hosts and their variables."""
+    with open(lab["inventory"], encoding="utf-8") as handle:
+        return yaml.safe_load(handle)["all"]["children"]["sparkfleet_cluster"]["hosts"]
+
+
+def container(lab, node):
+    return f"{lab['extravars']['lab_name']}-{node}"
+
+
+def on_node(lab, node, *argv, check=True, timeout=60):
+    """Run a command inside a lab node's container (as root), as an operator at the console would."""
+    return subprocess.run(["docker", "exec", container(lab, node), *argv], capture_output=True, text=True,
+                          check=check, timeout=timeout)
 
 
 # --------------------------------------------------------------------------------------------- vLLM on CPU

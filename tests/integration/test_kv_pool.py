@@ -341,8 +341,11 @@ def test_stale_log_is_not_used(boot, playbook, tmp_path):
     link.symlink_to(stale)
     status, res, text = kv_pool(playbook, tmp_path, "stale", url=server.url, api_key=server.api_key,
                                 log_path=str(link), canary=False)
-    assert status == "successful", text[-4000:]
-    assert res["source"] == "metrics" and res["log_stale"] is True and res["log_path"] is None
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as answer:
+        start = re.search(r"^process_start_time_seconds (\S+)$", answer.read().decode(), re.M).group(1)
+    timing = f"log mtime {stale.stat().st_mtime:.3f}, server start {float(start):.3f}"
+    assert status == "successful", timing + "\n" + text[-4000:]
+    assert res["source"] == "metrics" and res["log_stale"] is True and res["log_path"] is None, timing
     assert res["kv_cache_tokens"] == analytic_pool(server.model_dir, server.kv_bytes)[0]
     assert f"log {stale} (via {link}) is stale" in " ".join(text.split())
     assert "earlier start and was not used" in " ".join(text.split())

@@ -1,0 +1,222 @@
+#!/usr/bin/python
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Verify a booted vLLM server: alive, serving, and with the KV pool the plan says."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kv_pool
+short_description: Verify a booted vLLM head - health, KV pool size, max_model_len and a one-token canary
+description:
+  - Waits until C(/health) on O(url) answers 200 (at most O(wait_timeout) seconds). A C(503) from a server whose
+    engine had started means the engine is dead (EngineDeadError) and fails at once.
+  - Reads the KV pool from C(/metrics) (the C(vllm:cache_config_info) labels - C(kv_cache_size_tokens), or
+    C(num_gpu_blocks) x C(block_size) on older vLLM, which the result marks) and from this boot's
+    C(KV cache size) log line in O(log_path), and requires both to agree when both exist.
+  - A log last written before the server's C(process_start_time_seconds) is from an earlier start; it is not
+    used, RV(log_stale) is true and a warning names the file.
+  - Reads C(max_model_len) from C(/v1/models) and, with O(canary=true), sends a one-token completion through
+    the head (a dead worker can leave C(/health) at 200).
+  - Fails when the pool is outside O(expected_tokens) +- O(tolerance) (larger too - a missing KV pin lets the
+    auto-sizer take memory), below O(min_tokens), or when C(/v1/models) reports another C(max_model_len) than
+    O(max_model_len); the message says what was found, what was expected and the likely causes.
+  - Runs on the head node (it reads the log file there). It only reads, so it runs in check mode too.
+version_added: 0.1.0
+options:
+  url:
+    description: Base URL of the head's OpenAI-compatible server, for example C(http://10.0.0.1:8888).
+    type: str
+    required: true
+  api_key:
+    description: The server's API key (C(--api-key)), sent as a Bearer token to C(/v1/*).
+    type: str
+  log_path:
+    description:
+      - This boot's head log (a per-boot file, or the stable symlink to it). The resolved file is read.
+      - Without it the pool comes from C(/metrics) alone.
+    type: path
+  min_tokens:
+    description: Fail when the pool holds fewer tokens than this.
+    type: int
+  expected_tokens:
+    description: The planned pool in tokens; fail when the pool differs by more than O(tolerance) either way.
+    type: int
+  tolerance:
+    description: Relative tolerance around O(expected_tokens) (0.05 is 5%).
+    type: float
+    default: 0.05
+  max_model_len:
+    description: The expected C(max_model_len); fail when C(/v1/models) reports another.
+    type: int
+  wait_timeout:
+    description: Seconds to wait for C(/health) to answer 200.
+    type: int
+    default: 900
+  canary:
+    description: Send a one-token completion through the head after the checks.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - sparkfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Verify the boot on the head
+  sparkfleet.cluster.kv_pool:
+    url: "http://{{ sparkfleet_head_address }}:8888"
+    api_key: "{{ vault_vllm_api_key }}"
+    log_path: /var/log/sparkfleet/vllm-head.log
+    expected_tokens: 2049230
+    tolerance: 0.05
+    max_model_len: 900000
+  register: pool
+
+- name: Only require a minimum, without a canary
+  sparkfleet.cluster.kv_pool:
+    url: http://127.0.0.1:8888
+    min_tokens: 1000000
+    canary: false
+"""
+
+RETURN = r"""
+kv_cache_tokens:
+  description: The KV pool in tokens (the server's group-aware headline).
+  returned: success
+  type: int
+  sample: 2049230
+num_gpu_blocks:
+  description: KV cache blocks from C(/metrics); null when only the log was read.
+  returned: success
+  type: int
+  sample: 128077
+block_size:
+  description: Tokens per block from C(/metrics) (or the log's attention block size when only the log was read).
+  returned: success
+  type: int
+  sample: 16
+max_concurrency:
+  description: How many requests of C(max_model_len) tokens fit in the pool.
+  returned: success
+  type: float
+  sample: 2.28
+max_model_len:
+  description: The served model's context length from C(/v1/models).
+  returned: success
+  type: int
+  sample: 900000
+served_model:
+  description: The served model's id from C(/v1/models).
+  returned: success
+  type: str
+  sample: glm-5.3-flash
+source:
+  description: Where the pool was read - C(both) (log and /metrics, equal), C(metrics) or C(log).
+  returned: success
+  type: str
+  sample: both
+metrics_fallback:
+  description: True when C(/metrics) had no C(kv_cache_size_tokens) and the pool there is blocks x block size.
+  returned: success
+  type: bool
+  sample: false
+health_wait_s:
+  description: Seconds waited for C(/health) to answer 200.
+  returned: always
+  type: float
+  sample: 12.5
+canary_ok:
+  description: True when the one-token completion came back; false when O(canary=false).
+  returned: success
+  type: bool
+  sample: true
+canary_latency_s:
+  description: Latency of the canary completion in seconds; null without a canary.
+  returned: success
+  type: float
+  sample: 0.41
+log_path:
+  description: The resolved log file whose pool line was used; null when no log was used.
+  returned: success
+  type: str
+  sample: /var/log/sparkfleet/vllm-head-20251130T120001-3f2a.log
+log_stale:
+  description: True when the log at O(log_path) was older than the server's start and was therefore not used.
+  returned: success
+  type: bool
+  sample: false
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_status as vs
+
+
+def verify(p, result, findings):
+    url = p["url"].rstrip("/")
+    result["health_wait_s"] = vs.wait_for_health(url, p["wait_timeout"])
+    text = vs.get_metrics(url)
+    if text is None:
+        findings.warnings.append(f"{url}/metrics not available; the pool is read from the log only")
+    else:
+        try:
+            findings.metrics = vs.parse_metrics(text)
+        except vs.MetricsParseError as err:
+            findings.warnings.append(f"{url}/metrics not parseable ({err}); the pool is read from the log only")
+        if findings.metrics is None and text is not None:
+            findings.warnings.append(f"no vllm:cache_config_info on {url}/metrics")
+    vs.examine_log(findings, p["log_path"])
+    model, findings.max_model_len = vs.get_models(url, p["api_key"])
+    result.update(max_model_len=findings.max_model_len, served_model=model, log_stale=findings.log_stale)
+    verdict = vs.reconcile(findings)
+    result.update(vs.summary(verdict, findings))
+    if p["canary"]:
+        result["canary_latency_s"] = vs.canary(url, p["api_key"], model)
+        result["canary_ok"] = True
+    vs.judge(verdict.kv_cache_tokens, verdict.source, expected_tokens=p["expected_tokens"],
+             tolerance=p["tolerance"], min_tokens=p["min_tokens"], max_model_len=findings.max_model_len,
+             expected_max_model_len=p["max_model_len"])
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            log_path=dict(type="path"),
+            min_tokens=dict(type="int"),
+            expected_tokens=dict(type="int"),
+            tolerance=dict(type="float", default=0.05),
+            max_model_len=dict(type="int"),
+            wait_timeout=dict(type="int", default=900),
+            canary=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["tolerance"] < 0:
+        module.fail_json(msg=f"found tolerance {p['tolerance']}; expected a fraction >= 0 (0.05 is 5%); "
+                             "fix: pass a relative tolerance")
+    result = dict(changed=False, health_wait_s=None, canary_ok=False, canary_latency_s=None, log_path=None,
+                  log_stale=False)
+    findings = vs.Findings()
+    try:
+        verify(p, result, findings)
+    except vs.KvPoolError as err:
+        for warning in vs.unique(findings.warnings):
+            module.warn(warning)
+        module.fail_json(msg=str(err), **result)
+    for warning in vs.unique(findings.warnings):
+        module.warn(warning)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""What the serve stage writes for a GB10 rank (docker runtime), rendered from the spark2 example inventory.
+
+GB10 hardware cannot exist here, so these files are checked as text: the flags the field needs, per rank.
+"""
+
+import json
+import os
+import shlex
+
+import pytest
+from conftest import ROOT, output, run_playbook
+
+GB10_FACTS = {"accelerator": {"kind": "nvidia", "count": 1, "devices": [{"model": "NVIDIA GB10"}]},
+              "rdma": {"present": True, "devices": [{"name": "rocep1s0f1", "netdevs": ["enp1s0f1np1"]}]}}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gb10")
+    extravars = {"render_dir": str(base / "out"), "ansible_connection": "local",
+                 "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                 "sparkfleet_api_key": "key-for-rendering-only", "sparkfleet_node": GB10_FACTS,
+                 "__vllm_service_fabric_if": "enp1s0f1np1",
+                 "__vllm_service_model_path": "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"}
+    runner = run_playbook(base / "run", os.path.join(ROOT, "tests/integration/playbooks/render_rank.yml"),
+                          inventory=os.path.join(ROOT, "inventory/examples/spark2/hosts.yml"), extravars=extravars)
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert "key-for-rendering-only" not in output(runner)
+
+    def read(host, name):
+        return (base / "out" / host / name).read_text()
+    return read
+
+
+def command_line(launcher):
+    """The docker run command of the launcher, as a shell would split it."""
+    text = launcher.split("exec docker run", 1)[1].replace("\\\n", " ")
+    return shlex.split(text.splitlines()[0])
+
+
+def test_worker_runs_the_patched_image_headless_against_the_heads_fabric_address(rendered):
+    argv = command_line(rendered("spark-b", "vllm-launch"))
+    joined = " ".join(argv)
+    for flags in ("--gpus all", "--network host", "--ipc host", "--shm-size 32g", "--device /dev/infiniband",
+                  "--cap-add IPC_LOCK", "--ulimit memlock=-1", "--env-file /etc/sparkfleet/vllm.env"):
+        assert flags in joined, flags
+    assert "--privileged" not in argv
+    serve = argv[argv.index("sparkfleet/vllm-gb10:0.33.0-sparkfleet1") + 1:]
+    assert serve[:3] == ["vllm", "serve", "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"]
+    options = " ".join(serve)
+    for flags in ("--tensor-parallel-size 2", "--nnodes 2", "--node-rank 1", "--master-addr 192.168.100.10",
+                  "--master-port 29521", "--distributed-executor-backend mp", "--headless",
+                  "--kv-cache-memory-bytes 9060000000", "--max-model-len 900000", "--served-model-name glm-5.3-flash",
+                  "--no-enable-flashinfer-autotune", "--cudagraph-capture-sizes 1 2 4 8 16 32 64"):
+        assert flags in options, flags
+    spec = serve[serve.index("--speculative-config") + 1]
+    assert json.loads(spec) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert "--port" not in serve and "--host" not in serve
+
+
+def test_head_listens_on_its_management_address_and_is_not_headless(rendered):
+    serve = command_line(rendered("spark-a", "vllm-launch"))
+    options = " ".join(serve)
+    assert "--node-rank 0" in options and "--headless" not in serve
+    assert "--host 192.168.1.101" in options and "--port 8888" in options
+
+
+def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendered):
+    worker = dict(line.split("=", 1) for line in rendered("spark-b", "vllm.env").splitlines()
+                  if line and not line.startswith("#"))
+    assert worker["VLLM_HOST_IP"] == "192.168.100.11"
+    assert worker["NCCL_SOCKET_IFNAME"] == worker["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert worker["NCCL_IB_DISABLE"] == "0" and worker["NCCL_NET"] == "IB"
+    assert worker["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
+    assert worker["SPARKFLEET_NVFP4_KV"] == "1"
+    assert worker["HF_HUB_OFFLINE"] == "1"
+    assert "VLLM_API_KEY" not in worker
+    assert "VLLM_API_KEY=key-for-rendering-only" in rendered("spark-a", "vllm.env")
+
+
+def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(rendered):
+    unit = rendered("spark-b", "sparkfleet-vllm.service")
+    assert "Requires=docker.service" in unit
+    assert "ExecStop=/usr/bin/docker stop -t 120 sparkfleet-vllm" in unit
+    assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
+    assert "StartLimitBurst=3" in unit and "Restart=on-failure" in unit
+    assert "OnFailure=sparkfleet-vllm-gave-up.service" in unit
+    assert "User=" not in unit  # docker ranks run the docker client as root
+    gate = next(line for line in unit.splitlines() if "memory-gate" in line)
+    # Weights + runtime + the 9.06e9 pin + the 3 GiB floor of the TP2 profile must be free before a start.
+    assert f"--min-available-bytes {101468602368 + 6442450944 + 9060000000 + 3221225472}" in gate
