@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, output, run_playbook
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity
+
 KV_SIZES = (104857600, 300000000)  # 100 MiB (whole Llama blocks) and 300 MB (partial blocks for both)
 BOOT_TIMEOUT = 420  # two cores shared with whatever else runs: boots take 25-35 s alone, minutes under load
 MAX_MODEL_LEN = 512
@@ -86,6 +88,21 @@ def analytic_pool(model_dir, kv_bytes):
         per_token, block = layers * 2 * config["num_key_value_heads"] * config["head_dim"] * 2, 128
     blocks = kv_bytes // (per_token * block)
     return blocks * block, blocks, block
+
+
+def planned_pool(model_dir, kv_bytes):
+    """What the capacity planner expects for the same model and pin (the verify stage's expected_tokens)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    if "kv_lora_rank" in config:
+        capacity = {"block_size": 16, "token_layers": {"mla": {
+            "layers": layers, "bytes_per_token": {"auto": (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 2}}}}
+    else:
+        capacity = {"block_size": 128, "token_layers": {"attention": {
+            "layers": layers, "kv_heads": config["num_key_value_heads"],
+            "bytes_per_token": {"auto": 2 * config["head_dim"] * 2}}}}
+    profile = {"name": "tiny", "max_model_len": MAX_MODEL_LEN, "kv_cache_dtype": "auto", "capacity": capacity}
+    return kv_capacity.plan(profile, 1, {"kv-cache-memory-bytes": kv_bytes})["pool_tokens"]
 
 
 class Server:
@@ -261,7 +278,7 @@ def test_pool_is_the_servers_own_and_the_analytic_figure(boot, playbook, models,
     server = boot(model, kv_bytes)
     tokens, blocks, block = analytic_pool(models[model], kv_bytes)
     logged, published, published_blocks = own_figures(server)
-    assert logged == published == tokens
+    assert logged == published == tokens == planned_pool(models[model], kv_bytes)
     assert published_blocks == blocks
     status, res, text = kv_pool(playbook, tmp_path, "ok", url=server.url, api_key=server.api_key,
                                 log_path=str(server.link), expected_tokens=tokens, tolerance=0.0,
