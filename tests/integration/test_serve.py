@@ -17,7 +17,7 @@ SERVE = os.path.join(ROOT, "playbooks/serve.yml")
 VERIFY = os.path.join(ROOT, "playbooks/verify.yml")
 LOGS = "/var/log/sparkfleet/vllm"
 UNIT = "sparkfleet-vllm.service"
-POOL = 262_144  # tiny-cpu over two ranks: 256 MiB / (2 layers x 2 heads x 256 B) in blocks of 128
+POOL = 87_296  # tiny-cpu over two ranks: 256 MiB / (2 layers x 6 heads x 256 B) in 682 whole blocks of 128
 
 
 def unit(lab, node):
@@ -53,16 +53,16 @@ def served(lab, tmp_path_factory):
 def test_site_serves_the_planned_pool_and_verifies_it(served, lab):
     head = lab_hosts(lab)["node0"]["ansible_host"]
     assert f"verified: tiny-cpu on http://{head}:8888 (both, canary ok)" in served
-    assert re.search(r"KV pool tokens\s+262,144\s+262,144", served)
+    assert re.search(r"KV pool tokens\s+87,296\s+87,296", served)
     assert re.search(r"max_model_len\s+512\s+512", served)
-    assert re.search(r"concurrency at max context\s+512.00x\s+512.00x", served)
+    assert re.search(r"concurrency at max context\s+170.50x\s+170.50x", served)
     assert re.search(r"boot to ready\s+\d+ s", served)
     assert re.search(r"canary latency\s+\d+\.\d\d s", served)
     assert re.search(r"Xid errors node1\s+0\s+no GPU", served)
     # The server's own word, in this start's log, on the head: the same pool.
     log = on_node(lab, "node0", "cat", f"{LOGS}/current.log").stdout
     assert f"CPU KV cache size: {POOL:,} tokens" in log
-    assert "Maximum concurrency for 512 tokens per request: 512.00x" in log
+    assert "Maximum concurrency for 512 tokens per request: 170.50x" in log
 
 
 def test_both_ranks_run_as_one_engine(served, lab):

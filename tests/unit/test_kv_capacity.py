@@ -28,7 +28,7 @@ def llama(layers, kv_heads, head_dim, block=128):
 @pytest.mark.parametrize("profile, tp, pin, tokens", [
     (llama(1, 2, 64), 1, GIB, 2_097_152),            # 512 B/token: 16,384 blocks of 128
     (llama(1, 2, 64), 1, 300_000_000, 585_856),      # 4,577 whole blocks
-    (llama(2, 4, 64), 2, 256 * 2 ** 20, 262_144),    # the lab's tiny model over two ranks (2 heads each)
+    (llama(2, 4, 64), 2, 256 * 2 ** 20, 262_144),    # a 4-head tiny model over two ranks (2 heads each)
     ({"name": "mla", "max_model_len": 512, "kv_cache_dtype": "auto",   # DeepSeek-style MLA, 576 B latent+rope
       "capacity": {"block_size": 16, "token_layers": {"mla": {"layers": 2, "bytes_per_token": {"auto": 1152}}}}},
      1, GIB, 466_032),
@@ -41,9 +41,9 @@ def test_dense_and_mla_pools_match_vllm_exactly(profile, tp, pin, tokens):
 
 def test_tiny_cpu_profile_plans_the_lab_pool():
     plan = kv_plan(load("tiny-cpu"), 2)
-    assert plan["kv_bytes_per_token"] == 1024  # 2 layers x 2 heads per rank x 256 B
-    assert plan["pool_tokens"] == 262_144
-    assert plan["max_concurrency"] == 512.0
+    assert plan["kv_bytes_per_token"] == 3072  # 2 layers x 6 of 12 heads per rank x 256 B
+    assert plan["pool_tokens"] == 87_296  # 682 whole blocks of 128 in 256 MiB
+    assert plan["max_concurrency"] == 170.5
     assert plan["problems"] == []
     assert plan["lanes"] == {"200000": None, "500000": None, "1000000": None}  # longer than max_model_len
 
