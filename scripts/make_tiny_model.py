@@ -339,6 +339,20 @@ def _tokenizer_config(max_position):
 # Output
 
 
+def _shared_config(max_position):
+    """The config keys both architectures carry with the same values."""
+    return {
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position,
+        "initializer_range": INIT_STD,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+    }
+
+
 def _mla_config(hidden_size, layers, heads, vocab_size, intermediate_size, max_position):
     return {
         "architectures": ["DeepseekV2ForCausalLM"],
@@ -366,14 +380,7 @@ def _mla_config(hidden_size, layers, heads, vocab_size, intermediate_size, max_p
         "norm_topk_prob": False,
         "scoring_func": "softmax",
         "routed_scaling_factor": 1.0,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position,
-        "initializer_range": INIT_STD,
-        "rms_norm_eps": RMS_NORM_EPS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
+        **_shared_config(max_position),
         "vocab_size": vocab_size,
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
@@ -397,14 +404,7 @@ def _model_config(hidden_size, layers, heads, kv_heads, head_dim, vocab_size, in
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position,
-        "initializer_range": INIT_STD,
-        "rms_norm_eps": RMS_NORM_EPS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
+        **_shared_config(max_position),
         "mlp_bias": False,
         "pretraining_tp": 1,
         "vocab_size": vocab_size,

@@ -1,5 +1,6 @@
 """A lab of its own for the integration tests, created once per session and removed at the end."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -56,6 +57,14 @@ def lab_inventory_copy(lab, tmp_path):
     target.mkdir()
     shutil.copy(lab["inventory"], target / "hosts.yml")
     return target
+
+
+def tiny_model_generator():
+    """scripts/make_tiny_model.py as a module."""
+    spec = importlib.util.spec_from_file_location("make_tiny_model", os.path.join(ROOT, "scripts/make_tiny_model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def lab_hosts(lab):

@@ -9,7 +9,6 @@ The servers run with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1: without it vLLM 0.32 shu
 a second of the engine dying, so /health never answers 503 (the module then reports refused connections).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, output, run_playbook
+from conftest import output, run_playbook, tiny_model_generator
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity
 
@@ -193,13 +192,6 @@ class Server:
             return f"TMPDIR={self.work / 'tmp'}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             return False
-
-
-def tiny_model_generator():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", os.path.join(ROOT, "scripts/make_tiny_model.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ The fake Hub listens on the lab's management bridge address (a host this test ru
 node's download code runs unchanged: file listing with LFS sha256, resolve with ETags, ranges, errors.
 """
 
-import importlib.util
 import ipaddress
 import json
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, task_names
+from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, task_names, tiny_model_generator
 from fakehub.server import FakeHub
 
 COMMIT = "3f1d2c4b5a69788796a5b4c3d2e1f00112233445"
@@ -25,18 +24,11 @@ BIG = "extra/big.bin"  # 12 MiB: large enough for the client to resume with a Ra
 PLAYBOOK = os.path.join(ROOT, "playbooks/weights.yml")
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", os.path.join(ROOT, "scripts/make_tiny_model.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def hub(lab, tmp_path_factory):
     base = tmp_path_factory.mktemp("hub")
     snapshot = base / "repos" / REPO / COMMIT
-    load_generator().generate(str(snapshot))
+    tiny_model_generator().generate(str(snapshot))
     (snapshot / "SHA256SUMS").unlink()  # the Hub's own metadata is the manifest here
     (snapshot / "extra").mkdir()
     (snapshot / BIG).write_bytes(os.urandom(12 * 1024 * 1024))

@@ -1,0 +1,42 @@
+"""The memory gate every vLLM start passes through (roles/node_memory/files/sparkfleet-memory-gate)."""
+
+import importlib.machinery
+import importlib.util
+import os
+
+import pytest
+
+GATE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "node_memory", "files", "sparkfleet-memory-gate")
+
+
+@pytest.fixture(scope="module")
+def gate():
+    loader = importlib.machinery.SourceFileLoader("memory_gate", GATE)
+    spec = importlib.util.spec_from_loader("memory_gate", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_reads_mem_available_in_bytes(gate, tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       127539200 kB\nMemFree:         1000 kB\nMemAvailable:   120512340 kB\n")
+    assert gate.mem_available_bytes(str(meminfo)) == 120512340 * 1024
+
+
+def test_a_read_only_kernel_setting_is_said_once_and_not_fatal(gate, tmp_path, capsys):
+    assert gate.drop_caches(str(tmp_path / "no-such-dir" / "drop_caches")) is False
+    assert "memory gate: page cache left alone:" in capsys.readouterr().out
+
+
+def test_the_gate_opens_when_the_memory_is_there(gate, capsys):
+    assert gate.main(["--min-available-bytes", "1", "--no-drop-caches"]) == 0
+    assert "memory gate open: MemAvailable" in capsys.readouterr().out
+
+
+def test_the_gate_stays_closed_and_says_what_it_found(gate, capsys):
+    code = gate.main(["--min-available-bytes", str(2 ** 60), "--timeout", "0", "--no-drop-caches"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("memory gate closed: found MemAvailable ")
+    assert "expected at least 1073741824.00 GiB" in err and "fix: find what holds memory" in err
