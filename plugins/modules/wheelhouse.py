@@ -26,6 +26,25 @@ options:
     description: The wheelhouse directory.
     type: path
     required: true
+  target:
+    description:
+      - The nodes' Python (C(3.12)), machine (C(aarch64)) and glibc (C(2.39)) when they may differ from this
+        machine's; then only binary wheels built for them are taken. Omitted, or equal to this machine, the
+        download is for this machine.
+    type: dict
+    suboptions:
+      python_version:
+        description: Python version, major.minor.
+        type: str
+        required: true
+      machine:
+        description: Machine, as C(platform.machine()) says.
+        type: str
+        required: true
+      glibc:
+        description: glibc version, as C(platform.libc_ver()) says.
+        type: str
+        required: true
 attributes:
   check_mode:
     support: full
@@ -71,20 +90,27 @@ from ansible_collections.sparkfleet.cluster.plugins.module_utils import wheelhou
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(requirements=dict(type="list", elements="str", required=True),
-                           dest=dict(type="path", required=True)),
+        argument_spec=dict(
+            requirements=dict(type="list", elements="str", required=True),
+            dest=dict(type="path", required=True),
+            target=dict(type="dict", options=dict(python_version=dict(type="str", required=True),
+                                                  machine=dict(type="str", required=True),
+                                                  glibc=dict(type="str", required=True))),
+        ),
         supports_check_mode=True,
     )
     requirements, dest = module.params["requirements"], module.params["dest"]
-    complete = wheelhouse.is_complete(dest, requirements)
-    changed = not complete
+    target = wheelhouse.Target(**module.params["target"]) if module.params["target"] else None
+    if target and target.is_here():
+        target = None
+    changed = not wheelhouse.is_complete(dest, requirements, target)
     if changed and not module.check_mode:
         try:
-            wheelhouse.download(requirements, dest)
+            wheelhouse.download(requirements, dest, target)
         except wheelhouse.WheelhouseError as err:
             module.fail_json(msg=str(err), dest=dest)
     count = wheelhouse.wheel_count(dest) if os.path.isdir(dest) else 0
-    module.exit_json(changed=changed, dest=dest, wheels=count, platform=wheelhouse.platform_tag())
+    module.exit_json(changed=changed, dest=dest, wheels=count, platform=wheelhouse.platform_tag(target))
 
 
 if __name__ == "__main__":
