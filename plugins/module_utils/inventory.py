@@ -134,6 +134,32 @@ def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]], keys: Iterable
     return problems
 
 
+# Kernel settings the field learned to refuse, with the reason (FIELD_NOTES, node memory safety).
+MEMORY_SETTINGS = "node_memory_sysctls"
+
+
+def check_memory_settings(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+    """The nodes' kernel memory settings: identical everywhere, and none the field saw break a node."""
+    problems = check_same_everywhere(hosts, [MEMORY_SETTINGS])
+    for host in sorted(hosts):
+        sysctls = hosts[host].get(MEMORY_SETTINGS)
+        if not isinstance(sysctls, Mapping):
+            continue
+        watermark = sysctls.get("vm.watermark_scale_factor")
+        if watermark is not None and int(watermark) > 200:
+            problems.append(Problem(
+                host, f"{MEMORY_SETTINGS}: vm.watermark_scale_factor", str(watermark),
+                "at most 200 (the field runs 100, 1 %)",
+                "set 100: at 500 the kernel silently hides ~12 GiB from MemAvailable and vLLM's start check "
+                "fails as if memory leaked"))
+        swappiness = sysctls.get("vm.swappiness")
+        if swappiness is not None and int(swappiness) == 0:
+            problems.append(Problem(
+                host, f"{MEMORY_SETTINGS}: vm.swappiness", "0", "a value above 0 (180 with zram)",
+                "set 180: swappiness 0 with zram preceded a 3-node lock-up in the field"))
+    return merge_hosts(problems)
+
+
 def check_ranks(ranks: Mapping[str, int]) -> list[Problem]:
     """Ranks are 0..N-1, one per node."""
     problems = []
@@ -241,6 +267,7 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         problems += found
     problems = merge_hosts(problems)  # a typo in group_vars is one problem, not one per node
     problems += check_same_everywhere(hosts, cluster_options)
+    problems += check_memory_settings(hosts)
     found, cluster = check_options(CLUSTER_GROUP, hosts[min(hosts)], cluster_options, validate)
     problems += found
     if problems:  # the cross-host checks below need sound per-host values

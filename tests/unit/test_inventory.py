@@ -178,3 +178,28 @@ def test_same_typo_on_every_node_is_one_line():
         values["sparkfleet_model_profil"] = "tiny-cpu"
     assert lines(hosts) == ["node0, node1: sparkfleet_model_profil: found an unknown key; expected only documented "
                             "keys with this prefix; fix: rename it to sparkfleet_model_profile"]
+
+
+@pytest.mark.parametrize("sysctls, key, fix", [
+    ({"vm.watermark_scale_factor": 500}, "node_memory_sysctls: vm.watermark_scale_factor",
+     "set 100: at 500 the kernel silently hides ~12 GiB from MemAvailable"),
+    ({"vm.swappiness": 0}, "node_memory_sysctls: vm.swappiness", "set 180: swappiness 0 with zram preceded"),
+])
+def test_memory_settings_the_field_saw_break_nodes_are_refused(sysctls, key, fix):
+    hosts = {"a": {"node_memory_sysctls": sysctls}, "b": {"node_memory_sysctls": sysctls}}
+    problems = inventory.check_memory_settings(hosts)
+    assert len(problems) == 1
+    assert problems[0].where == "a, b" and problems[0].key == key
+    assert fix in problems[0].fix
+
+
+def test_memory_settings_must_match_on_every_node():
+    hosts = {"a": {"node_memory_sysctls": {"vm.swappiness": 180}}, "b": {"node_memory_sysctls": {"vm.swappiness": 100}}}
+    problems = inventory.check_memory_settings(hosts)
+    assert [p.key for p in problems] == ["node_memory_sysctls"]
+    assert problems[0].expected == "one value for the whole cluster"
+
+
+def test_the_fields_memory_settings_pass():
+    hosts = {"a": {"node_memory_sysctls": {"vm.swappiness": 180, "vm.watermark_scale_factor": 100}}}
+    assert inventory.check_memory_settings(hosts) == []

@@ -40,3 +40,14 @@ def test_the_gate_stays_closed_and_says_what_it_found(gate, capsys):
     assert code == 1
     assert err.startswith("memory gate closed: found MemAvailable ")
     assert "expected at least 1073741824.00 GiB" in err and "fix: find what holds memory" in err
+
+
+def test_leftover_shared_memory_is_removed_unless_a_process_holds_it(gate, tmp_path, capsys):
+    leftover, live = tmp_path / "psm_dead01", tmp_path / "psm_live02"
+    leftover.write_bytes(b"x")
+    live.write_bytes(b"y")
+    with open(live, "rb"):  # this very process holds it open, as a live engine would
+        removed = gate.clean_leftovers(str(tmp_path / "psm_*"))
+    assert removed == [str(leftover)]
+    assert not leftover.exists() and live.exists()
+    assert "removed 1 leftover shared-memory file(s)" in capsys.readouterr().out

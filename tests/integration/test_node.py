@@ -1,0 +1,59 @@
+"""The node stage on the lab: kernel memory settings written (not applied: a container shares the host's
+kernel) and the memory watchdog running, also after the node restarts."""
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, container, on_node, output, run_playbook
+
+NODE = os.path.join(ROOT, "playbooks/node.yml")
+
+
+@pytest.fixture(scope="module")
+def converged(lab, tmp_path_factory):
+    runner = run_playbook(tmp_path_factory.mktemp("node") / "converge", NODE, inventory=lab["inventory"])
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    return text
+
+
+def test_settings_are_written_and_the_kernel_left_to_the_host(converged, lab):
+    assert "runs in a docker container: vm.* settings belong to the host kernel" in converged
+    for node in ("node0", "node1"):
+        text = on_node(lab, node, "cat", "/etc/sysctl.d/90-sparkfleet-memory.conf").stdout
+        assert "vm.swappiness=180" in text and "vm.watermark_scale_factor=100" in text
+
+
+def test_the_watchdog_runs_armed_with_the_fields_threshold(converged, lab):
+    for node in ("node0", "node1"):
+        assert on_node(lab, node, "systemctl", "is-active", "sparkfleet-watchdog.service").stdout.strip() == "active"
+        assert on_node(lab, node, "systemctl", "is-enabled", "sparkfleet-watchdog.service").stdout.strip() == "enabled"
+    journal = on_node(lab, "node0", "journalctl", "-u", "sparkfleet-watchdog.service", "--no-pager").stdout
+    assert "watchdog armed (threshold 786432 kB, every 0.2 s, grace 3 s" in journal
+    metrics = on_node(lab, "node0", "cat", "/var/lib/prometheus/node-exporter/sparkfleet_watchdog.prom").stdout
+    assert "sparkfleet_watchdog_threshold_bytes 805306368" in metrics
+
+
+def test_a_second_run_and_a_check_run_change_nothing(converged, lab, tmp_path):
+    again = run_playbook(tmp_path / "again", NODE, inventory=lab["inventory"])
+    assert again.status == "successful" and again.stats["changed"] == {}, output(again)[-3000:]
+    check = run_playbook(tmp_path / "check", NODE, inventory=lab["inventory"], cmdline="--check")
+    assert check.status == "successful" and check.stats["changed"] == {}, output(check)[-3000:]
+
+
+def test_the_watchdog_comes_back_after_the_node_restarts(converged, lab):
+    before = on_node(lab, "node1", "systemctl", "show", "-p", "MainPID", "--value", "sparkfleet-watchdog").stdout
+    subprocess.run(["docker", "restart", "-t", "10", container(lab, "node1")], check=True, capture_output=True)
+    on_node(lab, "node1", "systemctl", "is-system-running", "--wait", check=False, timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = on_node(lab, "node1", "systemctl", "is-active", "sparkfleet-watchdog.service", check=False)
+        if state.stdout.strip() == "active":
+            break
+        time.sleep(1)
+    assert state.stdout.strip() == "active"
+    after = on_node(lab, "node1", "systemctl", "show", "-p", "MainPID", "--value", "sparkfleet-watchdog").stdout
+    assert after != before
+    assert "vm.swappiness=180" in on_node(lab, "node1", "cat", "/etc/sysctl.d/90-sparkfleet-memory.conf").stdout
