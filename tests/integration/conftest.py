@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAB_NAME = "sparkfleet-it"
+# Another name lets a second test run use a lab of its own beside a running one.
+LAB_NAME = os.environ.get("SPARKFLEET_IT_LAB", "sparkfleet-it")
 
 
 def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None, cwd=None, envvars=None):

@@ -42,6 +42,20 @@ def test_victims_are_titled_or_in_a_serving_cgroup_never_init_or_itself(watchdog
     assert found == [200, 201, 301]
 
 
+def test_inside_a_container_the_units_cgroups_are_below_the_containers(watchdog, tmp_path):
+    own = tmp_path / "cgroup"
+    own.write_text("12:memory:/docker/96189fb7/system.slice/sparkfleet-watchdog.service\n"
+                   "0::/docker/96189fb7/system.slice/sparkfleet-watchdog.service\n")
+    assert watchdog.node_cgroup_prefix(str(own)) == "/docker/96189fb7"
+    own.write_text("0::/system.slice/sparkfleet-watchdog.service\n")
+    assert watchdog.node_cgroup_prefix(str(own)) == ""
+    unit = tmp_path / "cg" / "memory" / "docker" / "96189fb7" / "system.slice" / "sparkfleet-vllm.service"
+    unit.mkdir(parents=True)
+    (unit / "cgroup.procs").write_text("4242\n")
+    assert watchdog.cgroup_pids(["system.slice/sparkfleet-vllm.service"], str(tmp_path / "cg"),
+                                "/docker/96189fb7") == {4242}
+
+
 def test_default_arguments_follow_the_field(watchdog):
     args = watchdog.parse([])
     assert args.threshold_kib == 786432 and args.interval == 0.2 and args.grace == 3.0
@@ -75,7 +89,8 @@ def run_trip(watchdog, monkeypatch, tmp_path, targets, alive_after_term, availab
     monkeypatch.setattr(watchdog, "alive", recorder.alive)
     monkeypatch.setattr(watchdog, "mem_available_kib", lambda path: available_after)
     args = types.SimpleNamespace(threshold_kib=786432, grace=3.0, interval=0.2, title_prefix=["VLLM::"],
-                                 cgroup=[], proc="/proc", cgroup_root="/sys/fs/cgroup", meminfo="/proc/meminfo")
+                                 cgroup=[], cgroup_prefix="", proc="/proc", cgroup_root="/sys/fs/cgroup",
+                                 meminfo="/proc/meminfo")
     metrics = watchdog.Metrics(str(tmp_path / "watchdog.prom"))
     watchdog.trip(args, 500000, metrics, clock=recorder.clock, sleep=recorder.sleep)
     return recorder, metrics
