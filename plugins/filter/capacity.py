@@ -58,8 +58,14 @@ def kv_plan(profile: Mapping[str, Any], tensor_parallel_size: int, vllm_args: Ma
             node_memory_bytes: int | None = None) -> dict[str, Any]:
     try:
         result = kv_capacity.plan(profile, int(tensor_parallel_size), vllm_args or {}, node_memory_bytes)
-    except (kv_capacity.PlanError, KeyError, TypeError) as err:
+    except kv_capacity.PlanError as err:
         raise AnsibleFilterError(f"kv_plan: profile {profile.get('name')!r}: {err}") from err
+    except (KeyError, TypeError, ValueError) as err:
+        raise AnsibleFilterError(
+            f"kv_plan: profile {profile.get('name')!r}: found capacity figures that do not fit ({type(err).__name__}: "
+            f"{err}); expected capacity.block_size, capacity.token_layers.<kind>.layers and bytes_per_token, and "
+            "numbers where numbers belong (see profiles/tiny-cpu.yml); fix: correct the profile's capacity section"
+        ) from err
     result["problems"] = [f"sparkfleet_vllm_args: {key}: found {found}; expected {expected}; fix: {fix}"
                           for key, found, expected, fix in kv_capacity.problems(result, profile)]
     result["lines"] = kv_capacity.lines(result)

@@ -20,7 +20,9 @@ Profiles carry the numbers (``capacity:`` and ``vllm_args:``); see profiles/*.ym
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,26 +38,48 @@ class PlanError(ValueError):
         self.found, self.expected, self.fix = found, expected, fix
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+_DECIMAL = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12}
+_BINARY = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
 def parse_bytes(value: Any) -> int | None:
-    """vLLM's byte sizes: an integer, or a string such as 9060000000, 4G, 24GiB, 512M."""
+    """A byte count the way vLLM's command line reads it: 9060000000, 4g (4e9), 4G (4 GiB), 25.6k.
+
+    Lower-case suffixes are decimal, upper-case ones binary, and a fraction only goes with a decimal suffix;
+    anything else vLLM refuses at boot, so it is refused here first."""
     if value is None or value == "":
         return None
+    bad = PlanError(repr(value), "a byte count as vLLM reads it: 9060000000, 9.06g (decimal) or 24G (GiB)",
+                    "write the size in bytes or with one k/m/g/t (x1000) or K/M/G/T (x1024) suffix")
     if isinstance(value, bool):
-        raise PlanError(repr(value), "a byte count such as 9060000000 or 24G", "give the size in bytes")
-    if isinstance(value, (int, float)):
-        return int(value)
-    text = str(value).strip().upper().replace("IB", "").replace("B", "")
-    units = {"K": 1024, "M": 1024 ** 2, "G": GIB, "T": 1024 ** 4}
-    try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(float(text))
-    except ValueError:
-        raise PlanError(repr(value), "a byte count such as 9060000000 or 24G", "give the size in bytes") from None
+        raise bad
+    if isinstance(value, int):
+        return value
+    match = _SIZE.fullmatch(str(value).strip())
+    if not match:
+        raise bad
+    number, suffix = match.groups()
+    if not suffix:
+        if "." in number:
+            raise bad
+        return int(number)
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise bad
+    return int(number) * _BINARY[suffix]
 
 
 def speculative_tokens(args: Mapping[str, Any]) -> int:
+    """Draft tokens per step from --speculative-config, given as a mapping or as vLLM's JSON string."""
     spec = args.get("speculative-config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise PlanError(f"speculative-config {spec!r}", "a mapping or its JSON text",
+                            'write it as {"method": "mtp", "num_speculative_tokens": 3}') from None
     if isinstance(spec, Mapping):
         return int(spec.get("num_speculative_tokens") or 0)
     return 0
@@ -106,7 +130,9 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
     tp = int(tensor_parallel_size)
     args = merged_args(profile, args_overrides)
     max_len = int(max_model_len or args.get("max-model-len") or profile["max_model_len"])
-    dtype = str(profile.get("kv_cache_dtype", "auto"))
+    # The stored KV format: the profile's, unless the inventory overrides --kv-cache-dtype (e.g. fp8_ds_mla to
+    # roll the NVFP4 store back), which then must be a format the profile knows the size of.
+    dtype = str((args_overrides or {}).get("kv-cache-dtype") or profile.get("kv_cache_dtype", "auto"))
     spec_tokens = speculative_tokens(args)
     spec_layers = capacity.get("speculative_layers") or {} if spec_tokens else {}
     block_size = int(args.get("block-size") or capacity["block_size"])
@@ -124,6 +150,8 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
     weights = int(memory.get("weights_bytes_per_rank", 0))
     runtime = int(memory.get("runtime_bytes", 0))
     floor = int(memory.get("safety_floor_bytes", 0))
+    # What the OS keeps even after the page cache is dropped: MemAvailable never reaches MemTotal.
+    reserve = int(memory.get("os_reserve_bytes", 0))
     pin = parse_bytes(args.get("kv-cache-memory-bytes"))
     utilization = args.get("gpu-memory-utilization")
     if pin is not None:
@@ -170,7 +198,8 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
         "safety_floor_bytes": floor,
         "node_memory_bytes": node_memory,
         "memory_needed_bytes": needed,
-        "headroom_bytes": (node_memory - needed) if node_memory else None,
+        "os_reserve_bytes": reserve,
+        "headroom_bytes": (node_memory - reserve - needed) if node_memory else None,
         "vllm_args": args,
     }
 
@@ -194,9 +223,10 @@ def problems(result: Mapping[str, Any], profile: Mapping[str, Any]) -> list[tupl
     headroom = result["headroom_bytes"]
     if headroom is not None and headroom < 0:
         found.append(("kv-cache-memory-bytes",
-                      f"{result['memory_needed_bytes'] / GIB:.2f} GiB needed per node (weights "
-                      f"{result['weights_bytes_per_rank'] / GIB:.2f} + runtime {result['runtime_bytes'] / GIB:.2f}"
-                      f" + KV {result['pool_bytes'] / GIB:.2f} + floor {result['safety_floor_bytes'] / GIB:.2f})",
+                      f"{(result['memory_needed_bytes'] + result['os_reserve_bytes']) / GIB:.2f} GiB needed per node "
+                      f"(weights {result['weights_bytes_per_rank'] / GIB:.2f} + runtime "
+                      f"{result['runtime_bytes'] / GIB:.2f} + KV {result['pool_bytes'] / GIB:.2f} + floor "
+                      f"{result['safety_floor_bytes'] / GIB:.2f} + OS {result['os_reserve_bytes'] / GIB:.2f})",
                       f"at most the node's {result['node_memory_bytes'] / GIB:.2f} GiB",
                       f"lower the KV pin by at least {-headroom / GIB:.2f} GiB"))
     return found
@@ -222,6 +252,7 @@ def lines(result: Mapping[str, Any]) -> list[str]:
         f"{result['max_model_len']:,}; lanes {lanes}",
         (f"memory per node: weights {result['weights_bytes_per_rank'] / GIB:.2f} GiB + runtime "
          f"{result['runtime_bytes'] / GIB:.2f} + KV {result['pool_bytes'] / GIB:.2f} + floor "
-         f"{result['safety_floor_bytes'] / GIB:.2f} of {result['node_memory_bytes'] / GIB:.2f} GiB"
+         f"{result['safety_floor_bytes'] / GIB:.2f} + OS {result['os_reserve_bytes'] / GIB:.2f} of "
+         f"{result['node_memory_bytes'] / GIB:.2f} GiB"
          f" (headroom {headroom / GIB:.2f} GiB)") if headroom is not None else "memory per node: unknown",
     ]

@@ -19,6 +19,7 @@ Sources, newest vLLM first:
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -316,10 +317,13 @@ def request(url: str, method: str = "GET", body: Any = None, api_key: str | None
         headers["Content-Type"] = "application/json"
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
+        req = urllib.request.Request(url, data=data, headers=headers, method=method)
         with _OPENER.open(req, timeout=timeout) as answer:
             return Response(answer.status, answer.read())
+    except (ValueError, http.client.HTTPException) as err:  # never echo the request: it may carry the key
+        raise Unreachable(f"{type(err).__name__} while sending the request (a header or the URL is malformed)"
+                          ) from None
     except urllib.error.HTTPError as err:
         return Response(err.code, err.read() or b"")
     except urllib.error.URLError as err:

@@ -153,6 +153,8 @@ log_stale:
   sample: false
 """
 
+import re
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_status as vs
@@ -201,6 +203,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    if p["api_key"] is not None and not re.fullmatch(r"[\x21-\x7e]+", p["api_key"]):
+        module.fail_json(msg="found an api_key with whitespace, a line break or non-ASCII characters (not shown); "
+                             "expected printable ASCII without spaces, as an HTTP Bearer token; fix: strip the "
+                             "trailing newline from the vaulted value (ansible-vault encrypt_string -n ... 'key')")
     if p["tolerance"] < 0:
         module.fail_json(msg=f"found tolerance {p['tolerance']}; expected a fraction >= 0 (0.05 is 5%); "
                              "fix: pass a relative tolerance")

@@ -75,7 +75,7 @@ def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_invento
     assert runner.status == "failed"
     assert "Capacity plan refused (nothing was changed on any host):" in text
     line = next(line for line in text.splitlines() if "sparkfleet_vllm_args: kv-cache-memory-bytes: found" in line)
-    assert "GiB needed per node (weights 0.02 + runtime 3.00 + KV 400.00 + floor 1.00)" in line
+    assert "GiB needed per node (weights 0.02 + runtime 3.00 + KV 400.00 + floor 1.00 + OS 1.00)" in line
     assert "expected at most the node's" in line and "fix: lower the KV pin by at least" in line
     assert runner.stats["changed"] == {}
     plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}

@@ -21,6 +21,7 @@ def rendered(tmp_path_factory):
                  "ansible_python_interpreter": "{{ ansible_playbook_python }}",
                  "sparkfleet_api_key": "key-for-rendering-only", "sparkfleet_node": GB10_FACTS,
                  "__vllm_service_fabric_if": "enp1s0f1np1",
+                 "__vllm_service_systemd": {"stdout_lines": ["systemd 255 (255.4-1ubuntu8.6)"]},
                  "__vllm_service_model_path": "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"}
     runner = run_playbook(base / "run", os.path.join(ROOT, "tests/integration/playbooks/render_rank.yml"),
                           inventory=os.path.join(ROOT, "inventory/examples/spark2/hosts.yml"), extravars=extravars)
@@ -45,8 +46,9 @@ def test_worker_runs_the_patched_image_headless_against_the_heads_fabric_address
                   "--cap-add IPC_LOCK", "--ulimit memlock=-1", "--env-file /etc/sparkfleet/vllm.env"):
         assert flags in joined, flags
     assert "--privileged" not in argv
+    assert argv[argv.index("--entrypoint") + 1] == "vllm"
     serve = argv[argv.index("sparkfleet/vllm-gb10:0.33.0-sparkfleet1") + 1:]
-    assert serve[:3] == ["vllm", "serve", "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"]
+    assert serve[:2] == ["serve", "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"]
     options = " ".join(serve)
     for flags in ("--tensor-parallel-size 2", "--nnodes 2", "--node-rank 1", "--master-addr 192.168.100.10",
                   "--master-port 29521", "--distributed-executor-backend mp", "--headless",
@@ -70,6 +72,7 @@ def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendere
                   if line and not line.startswith("#"))
     assert worker["VLLM_HOST_IP"] == "192.168.100.11"
     assert worker["NCCL_SOCKET_IFNAME"] == worker["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert worker["NCCL_IB_HCA"] == "rocep1s0f1"  # the RDMA device behind that interface
     assert worker["NCCL_IB_DISABLE"] == "0" and worker["NCCL_NET"] == "IB"
     assert worker["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
     assert worker["SPARKFLEET_NVFP4_KV"] == "1"
@@ -85,6 +88,7 @@ def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(
     assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
     assert "StartLimitBurst=3" in unit and "Restart=on-failure" in unit
     assert "OnFailure=sparkfleet-vllm-gave-up.service" in unit
+    assert "RestartMode=direct" in unit  # systemd 255 (DGX OS) would otherwise fire OnFailure at every retry
     assert "User=" not in unit  # docker ranks run the docker client as root
     gate = next(line for line in unit.splitlines() if "memory-gate" in line)
     # Weights + runtime + the 9.06e9 pin + the 3 GiB floor of the TP2 profile must be free before a start.

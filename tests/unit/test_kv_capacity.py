@@ -155,16 +155,32 @@ def test_the_lab_pool_fits_this_machine_kind():
 
 
 @pytest.mark.parametrize("value, expected", [
-    (9060000000, 9060000000), ("9060000000", 9060000000), ("4G", 4 * GIB), ("24GiB", 24 * GIB),
-    ("512M", 512 * 2 ** 20), (None, None),
+    (9060000000, 9060000000), ("9060000000", 9060000000), ("4G", 4 * GIB), ("4g", 4_000_000_000),
+    ("9.06g", 9_060_000_000), ("25.6k", 25_600), ("512M", 512 * 2 ** 20), (None, None),
 ])
-def test_byte_sizes_as_vllm_takes_them(value, expected):
+def test_byte_sizes_as_vllm_reads_them(value, expected):
     assert kv_capacity.parse_bytes(value) == expected
 
 
-def test_a_byte_size_that_is_not_one():
-    with pytest.raises(kv_capacity.PlanError, match="found 'lots'; expected a byte count"):
-        kv_capacity.parse_bytes("lots")
+@pytest.mark.parametrize("value", ["lots", "24GiB", "24GB", "4.5G", "1.5", True])
+def test_a_byte_size_vllm_would_refuse_is_refused_here(value):
+    with pytest.raises(kv_capacity.PlanError, match="expected a byte count as vLLM reads it"):
+        kv_capacity.parse_bytes(value)
+
+
+def test_the_inventory_can_change_the_stored_kv_format():
+    profile = load("glm-5.3-flash-nvfp4-tp2")
+    nvfp4 = kv_plan(profile, 2)
+    rolled_back = kv_plan(profile, 2, {"kv-cache-dtype": "fp8_ds_mla"})
+    assert rolled_back["kv_cache_dtype"] == "fp8_ds_mla"
+    assert rolled_back["pool_tokens"] < nvfp4["pool_tokens"] / 2
+
+
+def test_a_speculative_config_in_vllms_json_form_counts():
+    profile = load("glm-5.3-flash-nvfp4-tp2")
+    as_text = kv_plan(profile, 2, {"speculative-config": '{"method": "mtp", "num_speculative_tokens": 3}'})
+    assert as_text["speculative_tokens"] == 3
+    assert as_text["pool_tokens"] == kv_plan(profile, 2)["pool_tokens"]
 
 
 def test_a_kv_dtype_the_profile_has_no_size_for():

@@ -49,6 +49,9 @@ def test_inside_a_container_the_units_cgroups_are_below_the_containers(watchdog,
     assert watchdog.node_cgroup_prefix(str(own)) == "/docker/96189fb7"
     own.write_text("0::/system.slice/sparkfleet-watchdog.service\n")
     assert watchdog.node_cgroup_prefix(str(own)) == ""
+    # Docker's systemd cgroup driver puts the container itself in the host's system.slice.
+    own.write_text("0::/system.slice/docker-96189fb7.scope/system.slice/sparkfleet-watchdog.service\n")
+    assert watchdog.node_cgroup_prefix(str(own)) == "/system.slice/docker-96189fb7.scope"
     unit = tmp_path / "cg" / "memory" / "docker" / "96189fb7" / "system.slice" / "sparkfleet-vllm.service"
     unit.mkdir(parents=True)
     (unit / "cgroup.procs").write_text("4242\n")
@@ -125,3 +128,11 @@ def test_a_trip_with_nothing_to_end_is_counted_and_said(watchdog, monkeypatch, t
     recorder, metrics = run_trip(watchdog, monkeypatch, tmp_path, [], alive_after_term=[], available_after=1)
     assert recorder.sent == [] and metrics.trips == 1
     assert "no serving process to end" in capsys.readouterr().out
+
+
+def test_a_textfile_that_cannot_be_written_is_said_once_and_not_fatal(watchdog, tmp_path, capsys):
+    metrics = watchdog.Metrics(str(tmp_path / "missing" / "watchdog.prom"))
+    (tmp_path / "missing").write_text("a file where a directory should be")
+    metrics.write(786432)
+    metrics.write(786432)
+    assert capsys.readouterr().out.count("cannot write") == 1
