@@ -86,7 +86,7 @@ def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(
     assert "Requires=docker.service" in unit
     assert "ExecStop=/usr/bin/docker stop -t 120 sparkfleet-vllm" in unit
     assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
-    assert "StartLimitBurst=3" in unit and "Restart=on-failure" in unit
+    assert "StartLimitBurst=3" in unit and "Restart=always" in unit
     assert "OnFailure=sparkfleet-vllm-gave-up.service" in unit
     assert "RestartMode=direct" in unit  # systemd 255 (DGX OS) would otherwise fire OnFailure at every retry
     assert "User=" not in unit  # docker ranks run the docker client as root
