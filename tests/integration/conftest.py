@@ -1,6 +1,5 @@
 """A lab of its own for the integration tests, created once per session and removed at the end."""
 
-import importlib.util
 import os
 import re
 import shutil
@@ -8,6 +7,7 @@ import subprocess
 
 import ansible_runner
 import pytest
+import sourcefile
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,10 +62,7 @@ def lab_inventory_copy(lab, tmp_path):
 
 def tiny_model_generator():
     """scripts/make_tiny_model.py as a module."""
-    spec = importlib.util.spec_from_file_location("make_tiny_model", os.path.join(ROOT, "scripts/make_tiny_model.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sourcefile.load("scripts/make_tiny_model.py", "make_tiny_model")
 
 
 def lab_hosts(lab):

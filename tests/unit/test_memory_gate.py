@@ -1,21 +1,12 @@
 """The memory gate every vLLM start passes through (roles/node_memory/files/sparkfleet-memory-gate)."""
 
-import importlib.machinery
-import importlib.util
-import os
-
 import pytest
-
-GATE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "node_memory", "files", "sparkfleet-memory-gate")
+import sourcefile
 
 
 @pytest.fixture(scope="module")
 def gate():
-    loader = importlib.machinery.SourceFileLoader("memory_gate", GATE)
-    spec = importlib.util.spec_from_loader("memory_gate", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return sourcefile.load("roles/node_memory/files/sparkfleet-memory-gate", "memory_gate")
 
 
 def test_reads_mem_available_in_bytes(gate, tmp_path):

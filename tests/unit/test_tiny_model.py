@@ -1,7 +1,6 @@
 """scripts/make_tiny_model.py writes a loadable, verifiable, deterministic tiny Llama model."""
 
 import hashlib
-import importlib.util
 import json
 import re
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 import pytest
+import sourcefile
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from safetensors import safe_open
 from tokenizers import Tokenizer
@@ -18,10 +18,7 @@ from tokenizers import Tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_tiny_model.py"
 
-_spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
-tiny = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("make_tiny_model", tiny)
-_spec.loader.exec_module(tiny)
+tiny = sourcefile.load("scripts/make_tiny_model.py", "make_tiny_model", register=True)
 
 SMALL = {"vocab_size": 1024}  # a smaller vocabulary keeps the extra runs quick
 EXPECTED_FILES = [

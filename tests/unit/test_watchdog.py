@@ -1,23 +1,16 @@
 """The memory watchdog's decisions, on a made-up /proc and cgroup tree (roles/node_memory/files)."""
 
-import importlib.machinery
-import importlib.util
 import os
 import signal
 import types
 
 import pytest
-
-WATCHDOG = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "node_memory", "files", "sparkfleet-watchdog")
+import sourcefile
 
 
 @pytest.fixture
 def watchdog():
-    loader = importlib.machinery.SourceFileLoader("sparkfleet_watchdog", WATCHDOG)
-    spec = importlib.util.spec_from_loader("sparkfleet_watchdog", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return sourcefile.load("roles/node_memory/files/sparkfleet-watchdog", "sparkfleet_watchdog")
 
 
 def fake_proc(root, titles):
