@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps lab lab-destroy site test lint unit integration molecule build clean
+.PHONY: help deps lab lab-destroy site test lint unit integration molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
@@ -20,6 +20,8 @@ help:
 	@echo "make site         run site.yml against the current inventory (inventory/lab by default)"
 	@echo "make lab-destroy  remove the local lab"
 	@echo "make build        build the collection artifact into build/"
+	@echo "make host         opt-in: node_memory applied for real to THIS machine, then restored"
+	@echo "                  (SPARKFLEET_HOST_SCENARIO=1; CI sets it, its machines are disposable)"
 
 deps: $(STAMP)
 
@@ -46,7 +48,7 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 test:
-	@scripts/run-stages deps lint unit integration molecule
+	@scripts/run-stages deps lint unit integration molecule host
 
 lint: deps
 	ansible-lint
@@ -60,7 +62,13 @@ integration: deps
 	pytest tests/integration
 
 molecule: deps
-	molecule test --all
+	molecule test -s site
+
+# Kernel-global settings (zram, vm.*) are applied for real only here, and restored; opt-in.
+host: deps
+	@if [ "$${SPARKFLEET_HOST_SCENARIO:-}" = 1 ]; then molecule test -s host; else \
+	  echo "host scenario not enabled: it applies zram, vm.* sysctls and the watchdog to this machine and then"; \
+	  echo "restores them; set SPARKFLEET_HOST_SCENARIO=1 on a disposable machine (.ci/run does)"; fi
 
 build: deps
 	ansible-galaxy collection build --force --output-path build/

@@ -72,13 +72,30 @@ def rdma_devices(root: str = "/") -> list[dict[str, Any]]:
 
 
 def container_kind(root: str = "/") -> str | None:
-    """The container manager systemd reports, or docker by its marker file; None on bare metal or a VM."""
+    """The container manager systemd reports; else docker by its marker file, but only where the kernel's
+    settings are mounted read-only as Docker does (a VM built from a container image keeps a stale
+    /.dockerenv and owns its kernel); None on bare metal or a VM."""
     kind = (_read(root, "/run/systemd/container") or "").strip()
     if kind:
         return kind
-    if os.path.exists(os.path.join(root, ".dockerenv")):
+    if os.path.exists(os.path.join(root, ".dockerenv")) and _proc_sys_read_only(root):
         return "docker"
     return None
+
+
+def _proc_sys_read_only(root: str) -> bool:
+    for line in (_read(root, "/proc/mounts") or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "/proc/sys":
+            return "ro" in fields[3].split(",")
+    return False
+
+
+def init_system(root: str = "/") -> str:
+    """'systemd' when systemd runs the node (its sd_booted test: /run/systemd/system exists), else PID 1's name."""
+    if os.path.isdir(os.path.join(root, "run/systemd/system")):
+        return "systemd"
+    return (_read(root, "/proc/1/comm") or "unknown").strip() or "unknown"
 
 
 def node_facts(root: str = "/") -> dict[str, Any]:
@@ -95,4 +112,5 @@ def node_facts(root: str = "/") -> dict[str, Any]:
         "accelerator": {"kind": "nvidia" if gpus else "none", "count": len(gpus), "devices": gpus},
         "rdma": {"present": bool(rdma), "devices": rdma},
         "container": container_kind(root),
+        "init": init_system(root),
     }

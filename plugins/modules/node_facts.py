@@ -54,6 +54,7 @@ ansible_facts:
           present: true
           devices: [{name: rocep1s0f1, netdevs: [enp1s0f1np1], ports: ["1"]}]
         container: null
+        init: systemd
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Snapshot and restore what the node_memory role changes on a real host, for the opt-in host scenario.
+
+  hoststate.py snapshot DIR   record the live sysctls, the zram device, the role's files and packages
+  hoststate.py restore DIR    put all of it back, end the detached watchdog, and prove the result equals
+                              the snapshot (exit 1 naming every difference)
+  hoststate.py show           print the state as JSON
+
+Only what the role touches is recorded; restore ends only the watchdog whose PID the role's pidfile names.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+SYSCTLS = ["vm.swappiness", "vm.watermark_scale_factor"]
+ZRAM = "zram0"
+PACKAGES = ["systemd-zram-generator"]
+PATHS = [
+    "/etc/sysctl.d/90-sparkfleet-memory.conf",
+    "/etc/systemd/zram-generator.conf",
+    "/etc/systemd/system/sparkfleet-watchdog.service",
+    "/etc/systemd/system/sparkfleet-zram.service",
+    "/usr/local/libexec/sparkfleet",
+    "/run/sparkfleet",
+    "/var/log/sparkfleet",
+    "/var/lib/prometheus",
+]
+PIDFILE = "/run/sparkfleet/watchdog.pid"
+WATCHDOG = "/usr/local/libexec/sparkfleet/watchdog"
+
+
+def read(path, default=""):
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return default
+
+
+def zram_state():
+    block = f"/sys/block/{ZRAM}"
+    if not os.path.isdir(block):
+        return None
+    algorithm = next((word[1:-1] for word in read(f"{block}/comp_algorithm").split() if word.startswith("[")), None)
+    swap = None
+    for line in read("/proc/swaps").splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == f"/dev/{ZRAM}":
+            swap = {"priority": int(fields[4])}
+    return {"disksize": int(read(f"{block}/disksize", "0")), "algorithm": algorithm, "swap": swap}
+
+
+def package_installed(name):
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True, check=False)
+    return result.returncode == 0 and result.stdout.startswith("install ok installed")
+
+
+def state():
+    return {
+        "sysctl": {key: read("/proc/sys/" + key.replace(".", "/")) for key in SYSCTLS},
+        "zram": zram_state(),
+        "paths": {path: os.path.lexists(path) for path in PATHS},
+        "packages": {name: package_installed(name) for name in PACKAGES},
+    }
+
+
+def snapshot(directory):
+    os.makedirs(directory, exist_ok=True)
+    current = state()
+    with tarfile.open(os.path.join(directory, "paths.tar"), "w") as archive:
+        for path, exists in current["paths"].items():
+            if exists:
+                archive.add(path)
+    with open(os.path.join(directory, "state.json"), "w", encoding="utf-8") as handle:
+        json.dump(current, handle, indent=1)
+    print(json.dumps(current))
+
+
+def end_watchdog():
+    pid = read(PIDFILE)
+    if not pid.isdigit():
+        return
+    cmdline = read(f"/proc/{pid}/cmdline").split("\0")
+    if WATCHDOG not in cmdline:
+        return
+    os.kill(int(pid), signal.SIGTERM)
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{pid}"):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the watchdog (PID {pid}) did not stop within 10 s of SIGTERM")
+
+
+def write(path, value):
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(f"{value}\n")
+
+
+def restore_zram(before):
+    now = zram_state()
+    if now is None or before is None or now == before:
+        return
+    block = f"/sys/block/{ZRAM}"
+    if now["swap"] is not None:
+        subprocess.run(["swapoff", f"/dev/{ZRAM}"], check=True)
+    write(f"{block}/reset", 1)
+    if before["algorithm"]:
+        write(f"{block}/comp_algorithm", before["algorithm"])
+    if before["disksize"]:
+        write(f"{block}/disksize", before["disksize"])
+        if before["swap"] is not None:
+            subprocess.run(["mkswap", f"/dev/{ZRAM}"], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(["swapon", "--priority", str(before["swap"]["priority"]), f"/dev/{ZRAM}"], check=True)
+
+
+def restore(directory):
+    with open(os.path.join(directory, "state.json"), encoding="utf-8") as handle:
+        before = json.load(handle)
+    end_watchdog()
+    restore_zram(before["zram"])
+    for key, value in before["sysctl"].items():
+        write("/proc/sys/" + key.replace(".", "/"), value)
+    for path in before["paths"]:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    with tarfile.open(os.path.join(directory, "paths.tar")) as archive:
+        archive.extractall("/", filter="tar")
+    removed = [name for name, installed in before["packages"].items() if not installed and package_installed(name)]
+    if removed:
+        subprocess.run(["apt-get", "purge", "-y", "-qq", *removed], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    after = state()
+    differences = [f"{section}: {key}: was {before[section][key]!r}, now {after[section][key]!r}"
+                   for section in ("sysctl", "paths", "packages") for key in before[section]
+                   if before[section][key] != after[section][key]]
+    if before["zram"] != after["zram"]:
+        differences.append(f"zram: was {before['zram']}, now {after['zram']}")
+    if differences:
+        print("host state not restored:\n  " + "\n  ".join(differences), file=sys.stderr)
+        return 1
+    print(f"host state restored: {json.dumps(after)}")
+    return 0
+
+
+def main(argv):
+    if argv[:1] == ["show"]:
+        print(json.dumps(state()))
+        return 0
+    if len(argv) == 2 and argv[0] == "snapshot":
+        snapshot(argv[1])
+        return 0
+    if len(argv) == 2 and argv[0] == "restore":
+        if not os.path.exists(os.path.join(argv[1], "state.json")):
+            print(f"no snapshot in {argv[1]}: nothing to restore")
+            return 0
+        code = restore(argv[1])
+        if code == 0:
+            os.unlink(os.path.join(argv[1], "state.json"))
+        return code
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
