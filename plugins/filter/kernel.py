@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.gpu import xid_errors
 
 DOCUMENTATION = r"""
 ---
@@ -40,19 +39,6 @@ _value:
   type: list
   elements: str
 """
-
-XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
-
-
-def xid_errors(lines: Iterable[str], ignored: Iterable[str | int] = ()) -> list[str]:
-    skip = {int(str(code), 0) for code in ignored}
-    found = []
-    for line in lines:
-        match = XID.search(line)
-        if match and int(match.group(1)) not in skip:
-            found.append(line)
-    return found
-
 
 class FilterModule:
     def filters(self):

@@ -68,11 +68,12 @@ def parse_xid(line: str) -> dict[str, Any] | None:
     if not match:
         return None
     pid = (match.group("pid") or "").strip("'")
+    name = (match.group("name") or "").strip()
     return {
         "code": int(match.group("code")),
         "pci": match.group("pci"),
         "pid": int(pid) if pid.isdigit() else None,
-        "name": (match.group("name") or "").strip() or None,
+        "name": None if name in ("", "<unknown>") else name,
         "message": match.group("message").strip(),
         "line": line.rstrip("\n"),
     }
@@ -96,3 +97,63 @@ def clock_verdict(samples_mhz: list[int], min_mhz: int) -> tuple[bool, str]:
     return False, (f"SM clock stayed low under load: {figures}, expected at least {min_mhz} MHz. A GB10 held at "
                    "600-700 MHz is in a power-delivery lock that only a cold power cycle clears: shut the node "
                    "down, unplug it for 30 s, start it again, then converge")
+
+
+def query(fields: Iterable[str] = QUERY_FIELDS, smi: str = "nvidia-smi") -> list[dict[str, Any]]:
+    """Run nvidia-smi's query and parse it (RuntimeError with its output when it fails)."""
+    import subprocess
+
+    result = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv"], capture_output=True,
+                            text=True, check=False, timeout=60)
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip()
+        raise RuntimeError(f"{smi} failed with exit code {result.returncode}: {detail}")
+    return parse_query(result.stdout)
+
+
+def clocks_under_load(load_argv: list[str], seconds: float, interval: float = 0.5, smi: str = "nvidia-smi",
+                      ready_marker: str = "gpu burn: loaded", ready_timeout: float = 180.0) -> dict[str, Any]:
+    """Start the load, wait for it to say ``ready_marker`` (PyTorch and CUDA take seconds to start), read every
+    GPU's SM clock each ``interval`` for ``seconds``, then end the load.
+
+    Returns {samples: {gpu index: [MHz, ...]}, load_rc, load_output, ready} - a load that fails or never gets
+    going is reported as such, not mistaken for a slow clock.
+    """
+    import subprocess
+    import threading
+    import time
+
+    load = subprocess.Popen(load_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def collect():
+        for line in load.stdout:
+            lines.append(line)
+            if ready_marker in line:
+                ready.set()
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    samples: dict[int, list[int]] = {}
+    try:
+        started = time.monotonic()
+        while not ready.is_set() and load.poll() is None and time.monotonic() - started < ready_timeout:
+            ready.wait(0.2)
+        deadline = time.monotonic() + seconds
+        while ready.is_set() and time.monotonic() < deadline and load.poll() is None:
+            for gpu in query(("index", "clocks.current.sm"), smi):
+                if isinstance(gpu["clocks.current.sm"], int):
+                    samples.setdefault(gpu["index"], []).append(gpu["clocks.current.sm"])
+            time.sleep(interval)
+    finally:
+        if load.poll() is None:
+            load.terminate()
+        try:
+            load.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            load.kill()
+            load.wait()
+        reader.join(timeout=5)
+    return {"samples": samples, "load_rc": load.returncode, "load_output": "".join(lines)[-2000:],
+            "ready": ready.is_set()}

@@ -1,0 +1,78 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Docker's daemon.json with sparkfleet's keys merged in.
+
+``existing | sparkfleet.cluster.docker_daemon_config(max_size, max_file, nvidia)``
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+DOCUMENTATION = r"""
+---
+name: docker_daemon_config
+short_description: Merge sparkfleet's settings into Docker's daemon.json, keeping everything else
+description:
+  - Sets the C(json-file) log driver with size limits and, when asked, the C(nvidia) runtime
+    (C(nvidia-container-runtime)), as C(nvidia-ctk runtime configure) would; every other key of the existing
+    file is kept as it is, so a second run finds nothing to change.
+  - A C(log-driver) other than C(json-file) or C(local) already set is kept (only C(log-opts) sizes are added).
+version_added: 0.3.0
+options:
+  _input:
+    description: The current daemon.json as a mapping (empty when the file does not exist).
+    type: dict
+    required: true
+  log_max_size:
+    description: C(log-opts.max-size).
+    type: str
+    default: 100m
+  log_max_file:
+    description: C(log-opts.max-file).
+    type: int
+    default: 3
+  nvidia:
+    description: Register the C(nvidia) runtime.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: The merged configuration
+  ansible.builtin.set_fact:
+    daemon: "{{ current | sparkfleet.cluster.docker_daemon_config('100m', 3, true) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The merged daemon.json.
+  type: dict
+"""
+
+
+def docker_daemon_config(existing: dict[str, Any] | None, log_max_size: str = "100m", log_max_file: int = 3,
+                         nvidia: bool = False) -> dict[str, Any]:
+    config = copy.deepcopy(existing if existing is not None else {})
+    if not isinstance(config, dict):
+        raise ValueError(f"daemon.json holds a {type(config).__name__}, expected a JSON object")
+    if config.get("log-driver", "json-file") in ("json-file", "local"):
+        config.setdefault("log-driver", "json-file")
+    opts = dict(config.get("log-opts") or {})
+    opts["max-size"] = str(log_max_size)
+    opts["max-file"] = str(log_max_file)  # Docker reads log-opts values as strings only
+    config["log-opts"] = opts
+    if nvidia:
+        runtimes = dict(config.get("runtimes") or {})
+        nvidia_runtime = dict(runtimes.get("nvidia") or {})
+        nvidia_runtime["path"] = "nvidia-container-runtime"
+        nvidia_runtime.setdefault("args", [])
+        runtimes["nvidia"] = nvidia_runtime
+        config["runtimes"] = runtimes
+    return config
+
+
+class FilterModule:
+    def filters(self):
+        return {"docker_daemon_config": docker_daemon_config}
