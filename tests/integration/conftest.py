@@ -77,8 +77,11 @@ def container(lab, node):
 
 def on_node(lab, node, *argv, check=True, timeout=60):
     """Run a command inside a lab node's container (as root), as an operator at the console would."""
-    return subprocess.run(["docker", "exec", container(lab, node), *argv], capture_output=True, text=True,
-                          check=check, timeout=timeout)
+    result = subprocess.run(["docker", "exec", container(lab, node), *argv], capture_output=True, text=True,
+                            check=False, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{node}: {' '.join(argv)} exited {result.returncode}:\n{result.stderr}{result.stdout}")
+    return result
 
 
 # --------------------------------------------------------------------------------------------- vLLM on CPU
