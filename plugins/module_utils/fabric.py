@@ -1,0 +1,158 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""The ConnectX-7 fabric as the kernel shows it: RoCE devices, their netdevs, link state and GID tables.
+
+Everything is read from sysfs below a root, so tests can point it at a tree laid out like a GB10 node's
+(four netdevs - two QSFP cages, each seen as two PCIe functions, the "twins" - four RoCE devices, GID tables
+holding IPv4-mapped RoCE v2 entries at indexes that differ between nodes and boots). Nothing is guessed: the
+GID index NCCL needs is the one whose entry holds the node's IPv4 address with type RoCE v2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import Any
+
+# enp1s0f1np1 / enP2p1s0f1np1: optional PCI domain, bus, slot, function (= the cage), port name.
+NETDEV = re.compile(r"^en(?:P(?P<domain>\d+))?p(?P<bus>\d+)s(?P<slot>\d+)f(?P<function>\d+)(?:np(?P<port>\d+))?$")
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+class FabricError(Exception):
+    """What was found, what was expected, and what to do."""
+
+
+def _read(root: str, path: str) -> str | None:
+    try:
+        with open(os.path.join(root, path.lstrip("/")), encoding="ascii", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:  # unused GID slots answer EINVAL; a down link has no speed
+        return None
+
+
+def _listdir(root: str, path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(root, path.lstrip("/"))))
+    except OSError:
+        return []
+
+
+def cage_of(netdev: str) -> dict[str, Any] | None:
+    """'enP2p1s0f1np1' -> {'cage': 1, 'twin': 'P2'}; None for names that are not PCIe function netdevs."""
+    match = NETDEV.match(netdev)
+    if not match:
+        return None
+    return {"cage": int(match.group("function")), "twin": f"P{match.group('domain')}" if match.group("domain") else ""}
+
+
+def netdev_state(root: str, ifname: str) -> dict[str, Any]:
+    base = f"/sys/class/net/{ifname}"
+    speed = _read(root, f"{base}/speed")
+    mtu = _read(root, f"{base}/mtu")
+    return {
+        "operstate": _read(root, f"{base}/operstate") or "unknown",
+        "carrier": _read(root, f"{base}/carrier") == "1",
+        "mtu": int(mtu) if mtu and mtu.isdigit() else None,
+        # -1 or unreadable while the link is down
+        "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+        "mac": _read(root, f"{base}/address"),
+    }
+
+
+def gid_ipv4(gid: str) -> str | None:
+    """'0000:0000:0000:0000:0000:ffff:c0a8:640a' -> '192.168.100.10' (an IPv4-mapped GID), else None."""
+    try:
+        address = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    return str(address.ipv4_mapped) if address.ipv4_mapped else None
+
+
+def gid_table(root: str, device: str, port: str = "1") -> list[dict[str, Any]]:
+    """The used entries of a port's GID table: index, gid, type ('RoCE v2', 'IB/RoCE v1'), netdev, IPv4."""
+    base = f"/sys/class/infiniband/{device}/ports/{port}"
+    entries = []
+    for name in sorted(_listdir(root, f"{base}/gids"), key=lambda n: int(n) if n.isdigit() else -1):
+        gid = _read(root, f"{base}/gids/{name}")
+        if not name.isdigit() or not gid or gid == ZERO_GID:
+            continue
+        entries.append({"index": int(name), "gid": gid, "type": _read(root, f"{base}/gid_attrs/types/{name}"),
+                        "netdev": _read(root, f"{base}/gid_attrs/ndevs/{name}"), "ipv4": gid_ipv4(gid)})
+    return entries
+
+
+def roce_devices(root: str = "/") -> list[dict[str, Any]]:
+    """Every RoCE device with its netdev, cage, twin, port state and the netdev's link."""
+    devices = []
+    for name in _listdir(root, "/sys/class/infiniband"):
+        netdevs = _listdir(root, f"/sys/class/infiniband/{name}/device/net")
+        for port in _listdir(root, f"/sys/class/infiniband/{name}/ports") or ["1"]:
+            base = f"/sys/class/infiniband/{name}/ports/{port}"
+            netdev = netdevs[0] if netdevs else None
+            devices.append({
+                "name": name,
+                "port": port,
+                "netdev": netdev,
+                "cage": (cage_of(netdev) or {}).get("cage") if netdev else None,
+                "twin": (cage_of(netdev) or {}).get("twin") if netdev else None,
+                "state": (_read(root, f"{base}/state") or "").split(":")[-1].strip() or "unknown",
+                "phys_state": (_read(root, f"{base}/phys_state") or "").split(":")[-1].strip() or "unknown",
+                "link_layer": _read(root, f"{base}/link_layer") or "unknown",
+                "link": netdev_state(root, netdev) if netdev else None,
+            })
+    return devices
+
+
+def roce_v2_gid_index(root: str, device: str, ipv4: str, port: str = "1") -> int:
+    """The index of the RoCE v2 GID that holds ``ipv4`` - what NCCL_IB_GID_INDEX must be on this node now."""
+    table = gid_table(root, device, port)
+    for entry in table:
+        if entry["ipv4"] == ipv4 and (entry["type"] or "").lower() == "roce v2":
+            return entry["index"]
+    found = ", ".join(f"{e['index']}={e['ipv4'] or e['gid']} ({e['type']})" for e in table) or "no used entry"
+    raise FabricError(
+        f"{device} port {port}: found GIDs {found}; expected a RoCE v2 GID holding {ipv4}; fix: check that "
+        f"{ipv4} is configured on the device's netdev and the link is up (ip -br addr), then read "
+        f"/sys/class/infiniband/{device}/ports/{port}/gids again")
+
+
+def cabled_cages(devices: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Cages with their twins' devices, for cages where any twin's port is ACTIVE (a cable is in)."""
+    cages: dict[int, list[dict[str, Any]]] = {}
+    for device in devices:
+        if device["cage"] is not None:
+            cages.setdefault(device["cage"], []).append(device)
+    return {cage: sorted(members, key=lambda d: d["twin"]) for cage, members in sorted(cages.items())
+            if any(member["state"] == "ACTIVE" for member in members)}
+
+
+def check_rails(node: str, devices: list[dict[str, Any]], cages: list[int], rails: int) -> list[str]:
+    """Problems with the cages a node must use: each cabled, and with ``rails`` == 2 both twins up."""
+    problems = []
+    by_cage: dict[int, list[dict[str, Any]]] = {}
+    for device in devices:
+        if device["cage"] is not None:
+            by_cage.setdefault(device["cage"], []).append(device)
+    active = sorted(cabled_cages(devices))
+    for cage in cages:
+        members = sorted(by_cage.get(cage, []), key=lambda d: d["twin"])
+        if not members:
+            problems.append(f"{node}: cage {cage}: found no RoCE device on it (devices: "
+                            f"{', '.join(d['name'] for d in devices) or 'none'}); expected the ConnectX-7's "
+                            "netdevs; fix: check that mlx5_core is loaded (ibdev2netdev)")
+            continue
+        up = [m for m in members if m["state"] == "ACTIVE"]
+        if not up:
+            problems.append(f"{node}: cage {cage}: found every port down "
+                            f"({', '.join(m['name'] + ' ' + m['state'] for m in members)}), cabled cage(s): "
+                            f"{active or 'none'}; expected the cable in cage {cage} on every node; fix: move the "
+                            "cable, or set sparkfleet_fabric_cages to the cage that is cabled on all nodes")
+        elif rails == 2 and len(up) < len(members):
+            down = [m for m in members if m["state"] != "ACTIVE"]
+            problems.append(f"{node}: cage {cage}: found twin {', '.join(d['name'] + ' ' + d['state'] for d in down)}"
+                            f" down while {', '.join(m['name'] for m in up)} is up; expected both twins up for "
+                            "dual rail; fix: bring the twin's netdev up (ip link set <netdev> up), or use one rail "
+                            "(sparkfleet_fabric_rails: 1)")
+    return problems

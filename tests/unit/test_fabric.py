@@ -1,0 +1,143 @@
+"""RoCE discovery on sysfs trees laid out like a GB10 node's (plugins/module_utils/fabric.py).
+
+A GB10 has two QSFP cages; each shows as two PCIe functions ("twins"): netdevs enp1s0f0np0, enP2p1s0f0np0
+(cage 0) and enp1s0f1np1, enP2p1s0f1np1 (cage 1), RoCE devices rocep1s0f0, roceP2p1s0f0, rocep1s0f1,
+roceP2p1s0f1. GID tables hold link-local IPv6 GIDs (v1 and v2) and the IPv4-mapped ones; where they sit moves
+with IPv6 address generation and reboots (seen 3, 3, 3, 4 across nodes, 5 behind a switch).
+"""
+
+import ipaddress
+
+import pytest
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import fabric
+
+TWINS = {  # RoCE device -> netdev
+    "rocep1s0f0": "enp1s0f0np0", "roceP2p1s0f0": "enP2p1s0f0np0",
+    "rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1",
+}
+
+
+def write(root, path, text):
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text + "\n")
+
+
+def mapped(ipv4):
+    """The GID the kernel shows for an IPv4 address: ::ffff:a.b.c.d in eight groups of four hex digits."""
+    return ":".join(f"{b:02x}{c:02x}" for b, c in zip(*[iter(bytes(10) + b"\xff\xff"
+                                                           + ipaddress.IPv4Address(ipv4).packed)] * 2, strict=True))
+
+
+def gb10(root, active=("rocep1s0f1", "roceP2p1s0f1"), addresses=None, ipv4_at=3, extra_link_locals=0):
+    """A GB10 node: `active` ports up (cage 1 cabled by default), `addresses` {roce: ipv4} on their netdevs."""
+    addresses = addresses if addresses is not None else {"rocep1s0f1": "192.168.100.10",
+                                                         "roceP2p1s0f1": "192.168.101.10"}
+    for number, (device, netdev) in enumerate(TWINS.items()):
+        base = f"/sys/class/infiniband/{device}"
+        write(root, f"{base}/device/net/{netdev}/ifindex", str(number + 2))
+        up = device in active
+        write(root, f"{base}/ports/1/state", "4: ACTIVE" if up else "1: DOWN")
+        write(root, f"{base}/ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
+        write(root, f"{base}/ports/1/link_layer", "Ethernet")
+        net = f"/sys/class/net/{netdev}"
+        write(root, f"{net}/operstate", "up" if up else "down")
+        write(root, f"{net}/carrier", "1" if up else "0")
+        write(root, f"{net}/mtu", "9000")
+        write(root, f"{net}/address", f"4c:bb:47:2e:1a:{number:02x}")
+        if up:
+            write(root, f"{net}/speed", "200000")
+        # GID table: the EUI-64 link-local (v1, v2), maybe stable-privacy extras, then the IPv4-mapped pair.
+        gids = [(f"fe80:0000:0000:0000:4ebb:47ff:fe2e:1a{number:02x}", t) for t in ("IB/RoCE v1", "RoCE v2")]
+        for extra in range(extra_link_locals):
+            gids += [(f"fe80:0000:0000:0000:9a3c:{extra:04x}:11d2:7e{number:02x}", t)
+                     for t in ("IB/RoCE v1", "RoCE v2")]
+        if device in addresses:
+            gids.insert(min(ipv4_at - 1, len(gids)), (mapped(addresses[device]), "IB/RoCE v1"))
+            gids.insert(min(ipv4_at, len(gids)), (mapped(addresses[device]), "RoCE v2"))
+        for index in range(16):
+            gid, kind = gids[index] if index < len(gids) else (fabric.ZERO_GID, None)
+            write(root, f"{base}/ports/1/gids/{index}", gid)
+            if kind:  # an unused slot's type cannot be read (EINVAL): no file here
+                write(root, f"{base}/ports/1/gid_attrs/types/{index}", kind)
+                write(root, f"{base}/ports/1/gid_attrs/ndevs/{index}", netdev)
+    return str(root)
+
+
+def test_the_mapped_gid_looks_as_the_kernel_prints_it():
+    assert mapped("192.168.100.10") == "0000:0000:0000:0000:0000:ffff:c0a8:640a"
+    assert fabric.gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:640a") == "192.168.100.10"
+    assert fabric.gid_ipv4("fe80:0000:0000:0000:4ebb:47ff:fe2e:1a00") is None
+
+
+def test_names_map_to_cages_and_twins():
+    assert fabric.cage_of("enp1s0f1np1") == {"cage": 1, "twin": ""}
+    assert fabric.cage_of("enP2p1s0f1np1") == {"cage": 1, "twin": "P2"}
+    assert fabric.cage_of("enp1s0f0np0") == {"cage": 0, "twin": ""}
+    assert fabric.cage_of("enP7s7") is None  # the management port
+
+
+def test_four_devices_with_their_netdevs_cages_and_links(tmp_path):
+    devices = {d["name"]: d for d in fabric.roce_devices(gb10(tmp_path))}
+    assert sorted(devices) == sorted(TWINS)
+    cabled = devices["roceP2p1s0f1"]
+    assert (cabled["netdev"], cabled["cage"], cabled["twin"], cabled["state"], cabled["phys_state"]) == (
+        "enP2p1s0f1np1", 1, "P2", "ACTIVE", "LinkUp")
+    assert cabled["link"] == {"operstate": "up", "carrier": True, "mtu": 9000, "speed_mbps": 200000,
+                              "mac": "4c:bb:47:2e:1a:03"}
+    assert devices["rocep1s0f0"]["state"] == "DOWN" and devices["rocep1s0f0"]["link"]["speed_mbps"] is None
+
+
+@pytest.mark.parametrize("ipv4_at, extra, expected", [(3, 0, 3), (4, 1, 4), (3, 2, 3), (7, 2, 7)])
+def test_the_roce_v2_index_holding_the_address_is_found_wherever_it_sits(tmp_path, ipv4_at, extra, expected):
+    root = gb10(tmp_path, ipv4_at=ipv4_at, extra_link_locals=extra)
+    assert fabric.roce_v2_gid_index(root, "rocep1s0f1", "192.168.100.10") == expected
+    # The v1 entry with the same address, one index lower, is not the one NCCL needs.
+    table = {e["index"]: e for e in fabric.gid_table(root, "rocep1s0f1")}
+    assert table[expected - 1]["ipv4"] == "192.168.100.10" and table[expected - 1]["type"] == "IB/RoCE v1"
+
+
+def test_an_address_missing_from_the_table_is_a_clear_error(tmp_path):
+    root = gb10(tmp_path)
+    with pytest.raises(fabric.FabricError) as error:
+        fabric.roce_v2_gid_index(root, "rocep1s0f1", "192.168.100.99")
+    message = str(error.value)
+    assert message.startswith("rocep1s0f1 port 1: found GIDs 0=")
+    assert "2=192.168.100.10 (IB/RoCE v1), 3=192.168.100.10 (RoCE v2)" in message
+    assert "expected a RoCE v2 GID holding 192.168.100.99; fix:" in message
+
+
+def test_the_cabled_cage_is_the_one_with_an_active_port(tmp_path):
+    assert sorted(fabric.cabled_cages(fabric.roce_devices(gb10(tmp_path)))) == [1]
+    root = gb10(tmp_path / "cage0", active=("rocep1s0f0",), addresses={"rocep1s0f0": "10.0.0.1"})
+    assert sorted(fabric.cabled_cages(fabric.roce_devices(root))) == [0]
+
+
+def test_a_cable_in_the_other_cage_is_named(tmp_path):
+    devices = fabric.roce_devices(gb10(tmp_path, active=("rocep1s0f0", "roceP2p1s0f0"), addresses={}))
+    problems = fabric.check_rails("spark-b", devices, cages=[1], rails=1)
+    assert len(problems) == 1
+    assert problems[0].startswith("spark-b: cage 1: found every port down (rocep1s0f1 DOWN, roceP2p1s0f1 DOWN), "
+                                  "cabled cage(s): [0]; expected the cable in cage 1 on every node")
+
+
+def test_a_twin_down_breaks_dual_rail_only(tmp_path):
+    devices = fabric.roce_devices(gb10(tmp_path, active=("rocep1s0f1",)))
+    assert fabric.check_rails("spark-a", devices, cages=[1], rails=1) == []
+    problems = fabric.check_rails("spark-a", devices, cages=[1], rails=2)
+    assert problems == ["spark-a: cage 1: found twin roceP2p1s0f1 DOWN down while rocep1s0f1 is up; expected both "
+                        "twins up for dual rail; fix: bring the twin's netdev up (ip link set <netdev> up), or use "
+                        "one rail (sparkfleet_fabric_rails: 1)"]
+
+
+def test_a_ring_node_uses_both_cages(tmp_path):
+    devices = fabric.roce_devices(gb10(tmp_path, active=tuple(TWINS), addresses={}))
+    assert fabric.check_rails("spark-c", devices, cages=[0, 1], rails=2) == []
+
+
+def test_a_node_without_the_card_says_so(tmp_path):
+    (tmp_path / "sys/class").mkdir(parents=True)
+    problems = fabric.check_rails("lab-0", fabric.roce_devices(str(tmp_path)), cages=[1], rails=1)
+    assert problems == ["lab-0: cage 1: found no RoCE device on it (devices: none); expected the ConnectX-7's "
+                        "netdevs; fix: check that mlx5_core is loaded (ibdev2netdev)"]
