@@ -156,3 +156,77 @@ def check_rails(node: str, devices: list[dict[str, Any]], cages: list[int], rail
                             "dual rail; fix: bring the twin's netdev up (ip link set <netdev> up), or use one rail "
                             "(sparkfleet_fabric_rails: 1)")
     return problems
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+TOPOLOGIES = {
+    # name: (node counts it takes, description)
+    "direct": ((2,), "two nodes, one cable between the same cage on both"),
+    "triangle": ((3,), "three nodes, each cage 0 cabled to the next node's cage 1 (one subnet per link)"),
+    "ring": ((4,), "four nodes in a ring, each cage 0 cabled to the next node's cage 1 (one subnet per link)"),
+    "switch": ((2, 3, 4), "two to four nodes, each with the same cage cabled to one switch (one subnet)"),
+}
+RAIL_TWINS = ("", "P2")  # rail 0: the enp1s0... functions; rail 1: their twins enP2p1s0...
+
+
+def cables(nodes: list[str], topology: str, cage: int = 1) -> list[dict[str, Any]]:
+    """The cables a topology has: [{ends: [(node, cage), (node, cage)]}], or one 'switch' cable for all."""
+    counts, _ = TOPOLOGIES[topology]
+    if len(nodes) not in counts:
+        raise FabricError(f"topology {topology}: found {len(nodes)} nodes ({', '.join(nodes)}); expected "
+                          f"{' or '.join(map(str, counts))} ({TOPOLOGIES[topology][1]}); fix: choose the topology "
+                          "that matches the cabling (sparkfleet_fabric_topology)")
+    if topology == "direct":
+        return [{"ends": [(nodes[0], cage), (nodes[1], cage)]}]
+    if topology == "switch":
+        return [{"ends": [(node, cage) for node in nodes]}]
+    return [{"ends": [(node, 0), (nodes[(i + 1) % len(nodes)], 1)]} for i, node in enumerate(nodes)]
+
+
+def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.100.0.0/16", cage: int = 1,
+         mtu: int = 9000, pinned: dict[str, str] | None = None, prefix: int = 24) -> dict[str, list[dict[str, Any]]]:
+    """Every node's fabric interfaces: one subnet per (cable, rail), host number = the node's place + 1.
+
+    ``pinned`` {node: address} fixes the rail-0 address of a direct or switch fabric (the inventory's
+    sparkfleet_fabric_address); its subnet (``prefix``) then replaces the computed one for rail 0.
+    Returns {node: [{cage, rail, twin, subnet, address, prefix, mtu, peers: [{node, address}]}]}.
+    """
+    if rails not in (1, 2):
+        raise FabricError(f"sparkfleet_fabric_rails: found {rails}; expected 1 or 2 (2 addresses both twins of "
+                          "each cabled cage); fix: set 1 or 2")
+    network = ipaddress.IPv4Network(supernet, strict=True)
+    links = cables(nodes, topology, cage)
+    subnets = list(network.subnets(new_prefix=24)) if network.prefixlen <= 24 else []
+    needed = len(links) * rails
+    if len(subnets) < needed:
+        raise FabricError(f"sparkfleet_fabric_supernet: found {supernet} ({len(subnets)} /24 subnets); expected room "
+                          f"for {needed} (one per cable and rail); fix: use a /{24 - (needed - 1).bit_length()} "
+                          "or larger private range")
+    pinned = pinned or {}
+    if pinned and topology not in ("direct", "switch"):
+        raise FabricError(f"sparkfleet_fabric_address: found addresses pinned on a {topology}; expected computed "
+                          f"addresses (a {topology} has one subnet per cable, so no one address reaches every peer); "
+                          "fix: remove sparkfleet_fabric_address from the inventory")
+    result: dict[str, list[dict[str, Any]]] = {node: [] for node in nodes}
+    for number, link in enumerate(links):
+        for rail in range(rails):
+            subnet = subnets[number * rails + rail]
+            length = 24
+            addresses = {node: str(subnet.network_address + nodes.index(node) + 1) for node, _ in link["ends"]}
+            if rail == 0 and pinned:
+                length = prefix
+                addresses = {node: pinned[node] for node, _ in link["ends"]}
+                subnet = ipaddress.IPv4Interface(f"{pinned[nodes[0]]}/{prefix}").network
+            for node, node_cage in link["ends"]:
+                result[node].append({
+                    "cage": node_cage, "rail": rail, "twin": RAIL_TWINS[rail], "subnet": str(subnet),
+                    "address": addresses[node], "prefix": length, "mtu": mtu,
+                    "peers": [{"node": peer, "address": addresses[peer]} for peer, _ in link["ends"] if peer != node],
+                })
+    return result
+
+
+def netdev_name(cage: int, twin: str) -> str:
+    """The GB10 netdev of a cage and twin: (1, '') -> 'enp1s0f1np1', (1, 'P2') -> 'enP2p1s0f1np1'."""
+    return f"en{twin}p1s0f{cage}np{cage}"

@@ -141,3 +141,59 @@ def test_a_node_without_the_card_says_so(tmp_path):
     problems = fabric.check_rails("lab-0", fabric.roce_devices(str(tmp_path)), cages=[1], rails=1)
     assert problems == ["lab-0: cage 1: found no RoCE device on it (devices: none); expected the ConnectX-7's "
                         "netdevs; fix: check that mlx5_core is loaded (ibdev2netdev)"]
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+def addresses(plan, node):
+    return [(i["cage"], i["twin"], f"{i['address']}/{i['prefix']}", [p["node"] for p in i["peers"]])
+            for i in plan[node]]
+
+
+def test_two_nodes_direct_dual_rail_one_subnet_per_twin():
+    plan = fabric.plan(["a", "b"], "direct", rails=2)
+    assert addresses(plan, "a") == [(1, "", "10.100.0.1/24", ["b"]), (1, "P2", "10.100.1.1/24", ["b"])]
+    assert addresses(plan, "b") == [(1, "", "10.100.0.2/24", ["a"]), (1, "P2", "10.100.1.2/24", ["a"])]
+    assert fabric.netdev_name(1, "") == "enp1s0f1np1" and fabric.netdev_name(0, "P2") == "enP2p1s0f0np0"
+
+
+def test_pinned_addresses_keep_the_inventorys_subnet_on_rail_0():
+    plan = fabric.plan(["a", "b"], "direct", rails=2, pinned={"a": "192.168.100.10", "b": "192.168.100.11"})
+    assert addresses(plan, "b") == [(1, "", "192.168.100.11/24", ["a"]), (1, "P2", "10.100.1.2/24", ["a"])]
+    assert plan["b"][0]["subnet"] == "192.168.100.0/24"
+
+
+def test_a_triangle_has_a_subnet_per_cable_and_each_node_two_cages():
+    plan = fabric.plan(["h", "w1", "w2"], "triangle")
+    # head P0 -> w1 P1, w1 P0 -> w2 P1, w2 P0 -> head P1
+    assert addresses(plan, "h") == [(0, "", "10.100.0.1/24", ["w1"]), (1, "", "10.100.2.1/24", ["w2"])]
+    assert addresses(plan, "w1") == [(1, "", "10.100.0.2/24", ["h"]), (0, "", "10.100.1.2/24", ["w2"])]
+    assert addresses(plan, "w2") == [(1, "", "10.100.1.3/24", ["w1"]), (0, "", "10.100.2.3/24", ["h"])]
+
+
+def test_a_four_node_ring_dual_rail_uses_eight_subnets():
+    plan = fabric.plan(["n0", "n1", "n2", "n3"], "ring", rails=2)
+    subnets = {i["subnet"] for node in plan.values() for i in node}
+    assert len(subnets) == 8 and all(len(plan[node]) == 4 for node in plan)
+    assert addresses(plan, "n3")[2] == (0, "", "10.100.6.4/24", ["n0"])
+
+
+def test_a_switch_puts_every_node_in_one_subnet():
+    plan = fabric.plan(["a", "b", "c", "d"], "switch")
+    assert addresses(plan, "c") == [(1, "", "10.100.0.3/24", ["a", "b", "d"])]
+
+
+@pytest.mark.parametrize("nodes, topology, rails, supernet, pinned, message", [
+    (["a", "b", "c"], "direct", 1, "10.100.0.0/16", None,
+     "topology direct: found 3 nodes (a, b, c); expected 2 (two nodes, one cable between the same cage on both)"),
+    (["a", "b", "c", "d", "e"], "switch", 1, "10.100.0.0/16", None, "expected 2 or 3 or 4"),
+    (["a", "b"], "direct", 3, "10.100.0.0/16", None, "sparkfleet_fabric_rails: found 3; expected 1 or 2"),
+    (["a", "b", "c", "d"], "ring", 2, "10.100.0.0/22", None,
+     "found 10.100.0.0/22 (4 /24 subnets); expected room for 8 (one per cable and rail); fix: use a /21"),
+    (["a", "b", "c"], "triangle", 1, "10.100.0.0/16", {"a": "10.1.1.1"},
+     "found addresses pinned on a triangle; expected computed addresses"),
+])
+def test_bad_plans_are_refused_with_the_reason(nodes, topology, rails, supernet, pinned, message):
+    with pytest.raises(fabric.FabricError) as error:
+        fabric.plan(nodes, topology, rails=rails, supernet=supernet, pinned=pinned)
+    assert message in str(error.value) and "fix:" in str(error.value)
