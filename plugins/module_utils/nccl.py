@@ -1,0 +1,75 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""The per-rank NCCL / Gloo environment from the fabric plan and what discovery found on the node.
+
+Defaults follow the field notes (section 4) per topology; every key can be overridden (a None removes it).
+- direct / switch: sockets and VLLM_HOST_IP on the rail-0 fabric interface; the HCAs of the cabled cage
+  (both twins with two rails); the GID index pinned when every HCA used has its RoCE v2 IPv4 GID at the same
+  index, else left to NCCL with NCCL_IB_ADDR_FAMILY=AF_INET.
+- triangle / ring: no fabric address reaches every peer, so sockets and VLLM_HOST_IP use the management
+  interface; every cabled HCA; subnet-aware routing, AF_INET, no GID pin; a ring also fixes 4 channels and
+  allows cross-NIC traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CORE = {
+    "NCCL_NET": "IB",
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_NET_PLUGIN": "none",
+    "NCCL_IB_ROCE_VERSION_NUM": "2",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_CUMEM_ENABLE": "0",
+    "NCCL_IB_MERGE_NICS": "0",
+    "NCCL_CROSS_NIC": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1",
+    "NCCL_DEBUG": "WARN",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+MESH = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_ADDR_FAMILY": "AF_INET"}
+RING = {"NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "4", "NCCL_CROSS_NIC": "1"}
+
+
+def rank_env(interfaces: list[dict[str, Any]], hcas: dict[tuple[int, str], str], gid_indexes: dict[str, int],
+             topology: str, management: dict[str, str] | None = None,
+             overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    """The environment of one rank.
+
+    interfaces: this node's part of fabric.plan() (cage, twin, address, netdev).
+    hcas: {(cage, twin): RoCE device} found on the node.
+    gid_indexes: {RoCE device: index of its RoCE v2 IPv4 GID}.
+    management: {'ifname', 'address'} of the management port (needed for triangle and ring).
+    """
+    env = dict(CORE)
+    used = [hcas[(i["cage"], i["twin"])] for i in interfaces if (i["cage"], i["twin"]) in hcas]
+    missing = [i for i in interfaces if (i["cage"], i["twin"]) not in hcas]
+    if missing:
+        names = ", ".join(f"cage {i['cage']} twin {i['twin'] or '-'}" for i in missing)
+        raise ValueError(f"no RoCE device found for {names}; expected one per planned fabric interface")
+    env["NCCL_IB_HCA"] = ",".join(dict.fromkeys(used))
+    if topology in ("direct", "switch"):
+        first = next(i for i in interfaces if i["rail"] == 0)
+        env.update({"NCCL_SOCKET_IFNAME": first["netdev"], "GLOO_SOCKET_IFNAME": first["netdev"],
+                    "TP_SOCKET_IFNAME": first["netdev"], "VLLM_HOST_IP": first["address"]})
+        indexes = {gid_indexes[name] for name in used if name in gid_indexes}
+        if len(indexes) == 1 and len(used) == len([n for n in used if n in gid_indexes]):
+            env["NCCL_IB_GID_INDEX"] = str(indexes.pop())
+        else:
+            env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
+    else:
+        if not management or not management.get("ifname") or not management.get("address"):
+            raise ValueError(f"a {topology} needs the management interface for sockets: no fabric address reaches "
+                             "every peer")
+        env.update({"NCCL_SOCKET_IFNAME": management["ifname"], "GLOO_SOCKET_IFNAME": management["ifname"],
+                    "TP_SOCKET_IFNAME": management["ifname"], "VLLM_HOST_IP": management["address"]})
+        env.update(MESH)
+        if topology == "ring":
+            env.update(RING)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return dict(sorted(env.items()))

@@ -1,0 +1,62 @@
+"""The per-rank NCCL environment (plugins/module_utils/nccl.py) from a fabric plan and discovered devices."""
+
+import pytest
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import fabric, nccl
+
+HCAS = {(0, ""): "rocep1s0f0", (0, "P2"): "roceP2p1s0f0", (1, ""): "rocep1s0f1", (1, "P2"): "roceP2p1s0f1"}
+
+
+def interfaces(plan, node):
+    return [dict(i, netdev=fabric.netdev_name(i["cage"], i["twin"])) for i in plan[node]]
+
+
+def test_two_nodes_single_rail_pin_the_discovered_gid():
+    plan = fabric.plan(["a", "b"], "direct")
+    env = nccl.rank_env(interfaces(plan, "b"), HCAS, {"rocep1s0f1": 3}, "direct")
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert env["VLLM_HOST_IP"] == "10.100.0.2"
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_IB_ROCE_VERSION_NUM"] == "2"
+    assert "NCCL_IB_ADDR_FAMILY" not in env
+
+
+def test_dual_rail_uses_both_twins_and_leaves_a_gid_that_differs_to_nccl():
+    plan = fabric.plan(["a", "b"], "direct", rails=2)
+    same = nccl.rank_env(interfaces(plan, "a"), HCAS, {"rocep1s0f1": 3, "roceP2p1s0f1": 3}, "direct")
+    assert same["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and same["NCCL_IB_GID_INDEX"] == "3"
+    differ = nccl.rank_env(interfaces(plan, "a"), HCAS, {"rocep1s0f1": 3, "roceP2p1s0f1": 5}, "direct")
+    assert "NCCL_IB_GID_INDEX" not in differ and differ["NCCL_IB_ADDR_FAMILY"] == "AF_INET"
+
+
+def test_a_triangle_routes_by_subnet_on_every_cabled_hca_with_sockets_on_management():
+    plan = fabric.plan(["h", "w1", "w2"], "triangle", rails=2)
+    env = nccl.rank_env(interfaces(plan, "w1"), HCAS, {}, "triangle",
+                        management={"ifname": "enP7s7", "address": "192.168.1.102"})
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+    assert env["NCCL_SOCKET_IFNAME"] == "enP7s7" and env["VLLM_HOST_IP"] == "192.168.1.102"
+    assert env["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1" and env["NCCL_IB_ADDR_FAMILY"] == "AF_INET"
+    assert "NCCL_IB_GID_INDEX" not in env and "NCCL_MIN_NCHANNELS" not in env
+
+
+def test_a_ring_fixes_four_channels_and_allows_cross_nic():
+    plan = fabric.plan(["n0", "n1", "n2", "n3"], "ring")
+    env = nccl.rank_env(interfaces(plan, "n2"), HCAS, {}, "ring", management={"ifname": "enP7s7", "address": "x"})
+    assert (env["NCCL_MIN_NCHANNELS"], env["NCCL_MAX_NCHANNELS"], env["NCCL_CROSS_NIC"]) == ("4", "4", "1")
+
+
+def test_every_key_can_be_overridden_or_removed():
+    plan = fabric.plan(["a", "b"], "direct")
+    env = nccl.rank_env(interfaces(plan, "a"), HCAS, {"rocep1s0f1": 3}, "direct",
+                        overrides={"NCCL_DEBUG": "INFO", "NCCL_IB_GID_INDEX": None, "NCCL_IB_QPS_PER_CONNECTION": 4})
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_IB_QPS_PER_CONNECTION"] == "4"
+    assert "NCCL_IB_GID_INDEX" not in env
+
+
+def test_missing_devices_and_a_mesh_without_management_are_refused():
+    plan = fabric.plan(["a", "b"], "direct", rails=2)
+    with pytest.raises(ValueError, match="no RoCE device found for cage 1 twin P2"):
+        nccl.rank_env(interfaces(plan, "a"), {(1, ""): "rocep1s0f1"}, {}, "direct")
+    triangle = fabric.plan(["h", "w1", "w2"], "triangle")
+    with pytest.raises(ValueError, match="a triangle needs the management interface"):
+        nccl.rank_env(interfaces(triangle, "h"), HCAS, {}, "triangle")
