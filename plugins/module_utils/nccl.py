@@ -73,3 +73,33 @@ def rank_env(interfaces: list[dict[str, Any]], hcas: dict[tuple[int, str], str],
         else:
             env[key] = str(value)
     return dict(sorted(env.items()))
+
+
+def parse_nccl_tests(text: str) -> dict[str, Any]:
+    """nccl-tests' *_perf output -> {rows: [{size, count, type, time_us, algbw, busbw, in_place: {...}}],
+    avg_busbw} (GB/s; both the current format with a root column and the older one)."""
+    columns: list[str] = []
+    rows = []
+    avg = None
+    for line in text.splitlines():
+        stripped = line.strip().lstrip("#").strip()
+        if stripped.startswith("size") and "busbw" in stripped:
+            columns = stripped.split()
+            continue
+        if stripped.startswith("Avg bus bandwidth"):
+            avg = float(stripped.split(":")[1])
+            continue
+        if line.lstrip().startswith("#") or not columns:
+            continue
+        fields = line.split()
+        if len(fields) != len(columns) or not fields[0].isdigit():
+            continue
+        half = columns.index("time", columns.index("time") + 1)  # the in-place block starts at the second 'time'
+        out_place = dict(zip(columns[:half], fields[:half], strict=True))
+        in_place = dict(zip(columns[half:], fields[half:], strict=True))
+        rows.append({"size": int(out_place["size"]), "count": int(out_place["count"]), "type": out_place["type"],
+                     "time_us": float(out_place["time"]), "algbw": float(out_place["algbw"]),
+                     "busbw": float(out_place["busbw"]),
+                     "in_place": {"time_us": float(in_place["time"]), "algbw": float(in_place["algbw"]),
+                                  "busbw": float(in_place["busbw"])}})
+    return {"rows": rows, "avg_busbw": avg}

@@ -60,3 +60,30 @@ def test_missing_devices_and_a_mesh_without_management_are_refused():
     triangle = fabric.plan(["h", "w1", "w2"], "triangle")
     with pytest.raises(ValueError, match="a triangle needs the management interface"):
         nccl.rank_env(interfaces(triangle, "h"), HCAS, {}, "triangle")
+
+
+def sample(name):
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "nccl", name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_nccl_tests_output_with_a_root_column():
+    result = nccl.parse_nccl_tests(sample("all_reduce_perf-root-column.txt"))
+    assert result["avg_busbw"] == 122.67 and len(result["rows"]) == 5
+    assert result["rows"][-1] == {"size": 33554432, "count": 8388608, "type": "float", "time_us": 195.40,
+                                  "algbw": 171.72, "busbw": 300.51,
+                                  "in_place": {"time_us": 195.40, "algbw": 171.73, "busbw": 300.52}}
+
+
+def test_nccl_tests_output_in_the_older_format():
+    result = nccl.parse_nccl_tests(sample("all_reduce_perf-old.txt"))
+    assert result["avg_busbw"] == 1.14762
+    assert result["rows"] == [{"size": 1310720000, "count": 327680000, "type": "float", "time_us": 1142117.0,
+                               "algbw": 1.15, "busbw": 1.15,
+                               "in_place": {"time_us": 1141891.0, "algbw": 1.15, "busbw": 1.15}}]
+
+
+def test_output_without_a_table_gives_no_rows():
+    assert nccl.parse_nccl_tests("NCCL WARN NET/IB : No device found.\n") == {"rows": [], "avg_busbw": None}
