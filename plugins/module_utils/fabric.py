@@ -172,6 +172,9 @@ RAIL_TWINS = ("", "P2")  # rail 0: the enp1s0... functions; rail 1: their twins 
 
 def cables(nodes: list[str], topology: str, cage: int = 1) -> list[dict[str, Any]]:
     """The cables a topology has: [{ends: [(node, cage), (node, cage)]}], or one 'switch' cable for all."""
+    if topology not in TOPOLOGIES:
+        raise FabricError(f"sparkfleet_fabric_topology: found {topology!r}; expected one of "
+                          f"{', '.join(TOPOLOGIES)}; fix: set the topology the nodes are cabled in")
     counts, _ = TOPOLOGIES[topology]
     if len(nodes) not in counts:
         raise FabricError(f"topology {topology}: found {len(nodes)} nodes ({', '.join(nodes)}); expected "

@@ -197,3 +197,16 @@ def test_bad_plans_are_refused_with_the_reason(nodes, topology, rails, supernet,
     with pytest.raises(fabric.FabricError) as error:
         fabric.plan(nodes, topology, rails=rails, supernet=supernet, pinned=pinned)
     assert message in str(error.value) and "fix:" in str(error.value)
+
+
+def test_the_filter_plans_and_refuses_like_the_module_utils():
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.sparkfleet.cluster.plugins.filter.fabric import fabric_plan
+
+    plan = fabric_plan(["a", "b"], "direct", pinned={"a": "192.168.100.10", "b": "192.168.100.11"}, prefix="24")
+    assert plan["a"][0]["address"] == "192.168.100.10" and plan["a"][0]["peers"][0]["address"] == "192.168.100.11"
+    with pytest.raises(AnsibleFilterError, match="found 'mesh'; expected one of direct, triangle, ring, switch"):
+        fabric_plan(["a", "b"], "mesh")
+    with pytest.raises(AnsibleFilterError, match="topology ring: found 2 nodes"):
+        fabric_plan(["a", "b"], "ring")
