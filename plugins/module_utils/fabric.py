@@ -233,3 +233,26 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
 def netdev_name(cage: int, twin: str) -> str:
     """The GB10 netdev of a cage and twin: (1, '') -> 'enp1s0f1np1', (1, 'P2') -> 'enP2p1s0f1np1'."""
     return f"en{twin}p1s0f{cage}np{cage}"
+
+
+def parse_ip_addr(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``ip -j addr show`` -> {ifname: {mtu, operstate, up, ipv4: [a.b.c.d/len], ipv6: [...]}}."""
+    links = {}
+    for entry in entries:
+        addresses = entry.get("addr_info") or []
+        links[entry["ifname"]] = {
+            "mtu": entry.get("mtu"),
+            "operstate": str(entry.get("operstate", "UNKNOWN")).lower(),
+            "up": "UP" in (entry.get("flags") or []),
+            "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in addresses if a.get("family") == "inet"],
+            "ipv6": [f"{a['local']}/{a['prefixlen']}" for a in addresses if a.get("family") == "inet6"],
+        }
+    return links
+
+
+def interface_holding(links: dict[str, dict[str, Any]], address: str) -> str | None:
+    """The interface that has ``address`` (IPv4, without a prefix) configured, or None."""
+    for name, link in links.items():
+        if any(cidr.split("/")[0] == address for cidr in link["ipv4"]):
+            return name
+    return None

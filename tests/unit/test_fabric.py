@@ -210,3 +210,19 @@ def test_the_filter_plans_and_refuses_like_the_module_utils():
         fabric_plan(["a", "b"], "mesh")
     with pytest.raises(AnsibleFilterError, match="topology ring: found 2 nodes"):
         fabric_plan(["a", "b"], "ring")
+
+
+def test_ip_addr_json_as_iproute2_prints_it():
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "fabric", "ip-addr-host.json"), encoding="utf-8") as f:
+        entries = json.load(f)
+    links = fabric.parse_ip_addr(entries)
+    assert links["lo"] == {"mtu": 65536, "operstate": "unknown", "up": True, "ipv4": ["127.0.0.1/8"],
+                           "ipv6": ["::1/128"]}
+    assert fabric.interface_holding(links, "127.0.0.1") == "lo"
+    assert fabric.interface_holding(links, "192.0.2.1") is None
+    other = next(name for name in links if name != "lo")
+    first = links[other]["ipv4"][0].split("/")[0]
+    assert fabric.interface_holding(links, first) == other
