@@ -8,9 +8,13 @@
                               the snapshot (exit 1 naming every difference)
   hoststate.py show           print the state as JSON
 
-Only what the role touches is recorded; restore ends only the watchdog whose PID the role's pidfile names.
+Only what the role touches is recorded: the files it writes (restored with their mode, owner and content, or
+removed), the directories it may create (removed only when they did not exist before), the zram device and its
+module, two sysctls and the generator package. Restore ends only the watchdog whose PID the role's pidfile
+names. A host run by systemd is refused: there the role's watchdog is a unit this script does not undo.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,15 +27,27 @@ import time
 SYSCTLS = ["vm.swappiness", "vm.watermark_scale_factor"]
 ZRAM = "zram0"
 PACKAGES = ["systemd-zram-generator"]
-PATHS = [
+# Exactly the files the role writes (restored byte for byte, or removed) ...
+FILES = [
     "/etc/sysctl.d/90-sparkfleet-memory.conf",
     "/etc/systemd/zram-generator.conf",
     "/etc/systemd/system/sparkfleet-watchdog.service",
     "/etc/systemd/system/sparkfleet-zram.service",
+    "/usr/local/libexec/sparkfleet/watchdog",
+    "/usr/local/libexec/sparkfleet/memory-gate",
+    "/usr/local/libexec/sparkfleet/reclaim",
+    "/usr/local/libexec/sparkfleet/zram",
+    "/var/lib/prometheus/node-exporter/sparkfleet_watchdog.prom",
+    "/run/sparkfleet/watchdog.pid",
+    "/var/log/sparkfleet/watchdog.log",
+]
+# ... and the directories it may create: removed afterwards only when they did not exist before, deepest first.
+DIRECTORIES = [
     "/usr/local/libexec/sparkfleet",
+    "/var/lib/prometheus/node-exporter",
+    "/var/lib/prometheus",
     "/run/sparkfleet",
     "/var/log/sparkfleet",
-    "/var/lib/prometheus",
 ]
 PIDFILE = "/run/sparkfleet/watchdog.pid"
 WATCHDOG = "/usr/local/libexec/sparkfleet/watchdog"
@@ -63,11 +79,27 @@ def package_installed(name):
     return result.returncode == 0 and result.stdout.startswith("install ok installed")
 
 
+def file_state(path):
+    """None when absent; else mode, owner and sha256 (what an exact restore must bring back)."""
+    if not os.path.lexists(path):
+        return None
+    info = os.lstat(path)
+    with open(path, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    return {"mode": oct(info.st_mode), "uid": info.st_uid, "gid": info.st_gid, "sha256": digest}
+
+
 def state():
+    if os.path.isdir("/run/systemd/system"):
+        raise SystemExit("this host is run by systemd: the host scenario is made for machines whose PID 1 is not "
+                         "systemd (CI's VMs), where node_memory runs the watchdog detached and restore can end it; "
+                         "run it on such a machine")
     return {
         "sysctl": {key: read("/proc/sys/" + key.replace(".", "/")) for key in SYSCTLS},
         "zram": zram_state(),
-        "paths": {path: os.path.lexists(path) for path in PATHS},
+        "zram_module": os.path.isdir("/sys/module/zram"),
+        "files": {path: file_state(path) for path in FILES},
+        "directories": {path: os.path.isdir(path) for path in DIRECTORIES},
         "packages": {name: package_installed(name) for name in PACKAGES},
     }
 
@@ -75,10 +107,10 @@ def state():
 def snapshot(directory):
     os.makedirs(directory, exist_ok=True)
     current = state()
-    with tarfile.open(os.path.join(directory, "paths.tar"), "w") as archive:
-        for path, exists in current["paths"].items():
-            if exists:
-                archive.add(path)
+    with tarfile.open(os.path.join(directory, "files.tar"), "w") as archive:
+        for path, found in current["files"].items():
+            if found:
+                archive.add(path, recursive=False)
     with open(os.path.join(directory, "state.json"), "w", encoding="utf-8") as handle:
         json.dump(current, handle, indent=1)
     print(json.dumps(current))
@@ -104,14 +136,18 @@ def write(path, value):
         handle.write(f"{value}\n")
 
 
-def restore_zram(before):
+def restore_zram(before, module_before):
     now = zram_state()
-    if now is None or before is None or now == before:
+    if now is None or now == before:
         return
     block = f"/sys/block/{ZRAM}"
     if now["swap"] is not None:
         subprocess.run(["swapoff", f"/dev/{ZRAM}"], check=True)
     write(f"{block}/reset", 1)
+    if before is None:  # the module was loaded for the scenario: unload it again
+        if not module_before:
+            subprocess.run(["modprobe", "-r", "zram"], check=True)
+        return
     if before["algorithm"]:
         write(f"{block}/comp_algorithm", before["algorithm"])
     if before["disksize"]:
@@ -125,26 +161,28 @@ def restore(directory):
     with open(os.path.join(directory, "state.json"), encoding="utf-8") as handle:
         before = json.load(handle)
     end_watchdog()
-    restore_zram(before["zram"])
+    restore_zram(before["zram"], before["zram_module"])
     for key, value in before["sysctl"].items():
         write("/proc/sys/" + key.replace(".", "/"), value)
-    for path in before["paths"]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
+    for path in before["files"]:
+        if os.path.lexists(path):
             os.unlink(path)
-    with tarfile.open(os.path.join(directory, "paths.tar")) as archive:
-        archive.extractall("/", filter="tar")
+    with tarfile.open(os.path.join(directory, "files.tar")) as archive:
+        archive.extractall("/", filter="fully_trusted")  # our own archive: modes and owners exactly
+    for path in DIRECTORIES:  # deepest first; only what did not exist before, and only what is ours
+        if not before["directories"][path] and os.path.isdir(path):
+            shutil.rmtree(path)
     removed = [name for name, installed in before["packages"].items() if not installed and package_installed(name)]
     if removed:
         subprocess.run(["apt-get", "purge", "-y", "-qq", *removed], check=True, stdout=subprocess.DEVNULL,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     after = state()
     differences = [f"{section}: {key}: was {before[section][key]!r}, now {after[section][key]!r}"
-                   for section in ("sysctl", "paths", "packages") for key in before[section]
+                   for section in ("sysctl", "files", "directories", "packages") for key in before[section]
                    if before[section][key] != after[section][key]]
-    if before["zram"] != after["zram"]:
-        differences.append(f"zram: was {before['zram']}, now {after['zram']}")
+    for key in ("zram", "zram_module"):
+        if before[key] != after[key]:
+            differences.append(f"{key}: was {before[key]}, now {after[key]}")
     if differences:
         print("host state not restored:\n  " + "\n  ".join(differences), file=sys.stderr)
         return 1

@@ -18,7 +18,8 @@ description:
   - Sets the C(json-file) log driver with size limits and, when asked, the C(nvidia) runtime
     (C(nvidia-container-runtime)), as C(nvidia-ctk runtime configure) would; every other key of the existing
     file is kept as it is, so a second run finds nothing to change.
-  - A C(log-driver) other than C(json-file) or C(local) already set is kept (only C(log-opts) sizes are added).
+  - A C(log-driver) other than C(json-file) or C(local) already set is kept, and no size limits are added (dockerd
+    refuses C(max-size) and C(max-file) for drivers such as journald).
 version_added: 0.3.0
 options:
   _input:
@@ -58,11 +59,12 @@ def docker_daemon_config(existing: dict[str, Any] | None, log_max_size: str = "1
     if not isinstance(config, dict):
         raise ValueError(f"daemon.json holds a {type(config).__name__}, expected a JSON object")
     if config.get("log-driver", "json-file") in ("json-file", "local"):
+        # Size limits exist for these two drivers only: dockerd refuses to start with them on journald or syslog.
         config.setdefault("log-driver", "json-file")
-    opts = dict(config.get("log-opts") or {})
-    opts["max-size"] = str(log_max_size)
-    opts["max-file"] = str(log_max_file)  # Docker reads log-opts values as strings only
-    config["log-opts"] = opts
+        opts = dict(config.get("log-opts") or {})
+        opts["max-size"] = str(log_max_size)
+        opts["max-file"] = str(log_max_file)  # Docker reads log-opts values as strings only
+        config["log-opts"] = opts
     if nvidia:
         runtimes = dict(config.get("runtimes") or {})
         nvidia_runtime = dict(runtimes.get("nvidia") or {})

@@ -103,8 +103,12 @@ def query(fields: Iterable[str] = QUERY_FIELDS, smi: str = "nvidia-smi") -> list
     """Run nvidia-smi's query and parse it (RuntimeError with its output when it fails)."""
     import subprocess
 
-    result = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv"], capture_output=True,
-                            text=True, check=False, timeout=60)
+    try:
+        result = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv"], capture_output=True,
+                                text=True, check=False, timeout=60)
+    except subprocess.TimeoutExpired as err:
+        raise RuntimeError(f"{smi} did not answer within 60 s: a hung nvidia-smi is a sign of a wedged GPU or "
+                           "driver; check dmesg for NVRM/Xid lines, then power-cycle the node") from err
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip()
         raise RuntimeError(f"{smi} failed with exit code {result.returncode}: {detail}")
@@ -136,13 +140,19 @@ def clocks_under_load(load_argv: list[str], seconds: float, interval: float = 0.
     reader = threading.Thread(target=collect, daemon=True)
     reader.start()
     samples: dict[int, list[int]] = {}
+    error = None
     try:
         started = time.monotonic()
         while not ready.is_set() and load.poll() is None and time.monotonic() - started < ready_timeout:
             ready.wait(0.2)
         deadline = time.monotonic() + seconds
         while ready.is_set() and time.monotonic() < deadline and load.poll() is None:
-            for gpu in query(("index", "clocks.current.sm"), smi):
+            try:
+                readings = query(("index", "clocks.current.sm"), smi)
+            except (RuntimeError, ValueError) as err:
+                error = str(err)
+                break
+            for gpu in readings:
                 if isinstance(gpu["clocks.current.sm"], int):
                     samples.setdefault(gpu["index"], []).append(gpu["clocks.current.sm"])
             time.sleep(interval)
@@ -156,4 +166,4 @@ def clocks_under_load(load_argv: list[str], seconds: float, interval: float = 0.
             load.wait()
         reader.join(timeout=5)
     return {"samples": samples, "load_rc": load.returncode, "load_output": "".join(lines)[-2000:],
-            "ready": ready.is_set()}
+            "ready": ready.is_set(), "error": error}

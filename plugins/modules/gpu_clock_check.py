@@ -88,6 +88,8 @@ def main():
     params = module.params
     result = clocks_under_load(params["load"], params["seconds"], params["interval"],
                                ready_marker=params["ready_marker"], ready_timeout=params["ready_timeout"])
+    if result["error"]:
+        module.fail_json(msg=f"reading the clock failed during the load: {result['error']}", samples={})
     if not result["ready"]:
         module.fail_json(msg=f"the GPU load never got going (exit code {result['load_rc']}): expected "
                              f"{params['ready_marker']!r} within {params['ready_timeout']:g} s; its output: "

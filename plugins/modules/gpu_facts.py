@@ -73,7 +73,7 @@ def main():
     if smi:
         try:
             gpus = query(smi=smi)
-        except (RuntimeError, ValueError) as err:
+        except (RuntimeError, ValueError, OSError) as err:
             module.fail_json(msg=f"nvidia-smi is installed but could not read the GPUs: {err}. Expected a loaded "
                                  "NVIDIA driver; check `nvidia-smi` and `dmesg | grep NVRM` on the node")
         version = gpus[0]["driver_version"] if gpus else None

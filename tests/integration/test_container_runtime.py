@@ -31,8 +31,8 @@ def daemon_json(lab):
 def log_config_of_a_new_container(lab):
     """Create a container from an image made of the node's own files; return the log configuration the engine
     gave it. (Starting it would need a session keyring, which the lab node's seccomp profile withholds.)"""
-    on_node(lab, NODE, "sh", "-c", "docker image inspect tiny:1 >/dev/null 2>&1 || tar -C / -c usr/bin/echo "
-            "lib/x86_64-linux-gnu/libc.so.6 lib64/ld-linux-x86-64.so.2 | docker import - tiny:1 >/dev/null")
+    on_node(lab, NODE, "sh", "-c", "docker image inspect tiny:1 >/dev/null 2>&1 || tar -C / -ch usr/bin/echo "
+            "$(ldd /usr/bin/echo | grep -o '/[^ ]*' | sed 's|^/||') | docker import - tiny:1 >/dev/null")
     cid = on_node(lab, NODE, "docker", "create", "tiny:1", "/usr/bin/echo", "hello").stdout.strip()
     config = json.loads(on_node(lab, NODE, "docker", "inspect", "-f", "{{json .HostConfig.LogConfig}}", cid).stdout)
     on_node(lab, NODE, "docker", "rm", cid)

@@ -110,4 +110,37 @@ def test_a_load_that_dies_is_reported_not_mistaken_for_a_slow_clock(tmp_path):
     smi = script(tmp_path / "nvidia-smi", "#!/bin/sh\necho 'index, clocks.current.sm [MHz]'\necho '0, 600 MHz'\n")
     load = [sys.executable, "-c", "import sys; print('no CUDA device'); sys.exit(3)"]
     result = gpu.clocks_under_load(load, seconds=1, smi=smi, ready_timeout=20)
-    assert result == {"samples": {}, "load_rc": 3, "load_output": "no CUDA device\n", "ready": False}
+    assert result == {"samples": {}, "load_rc": 3, "load_output": "no CUDA device\n", "ready": False, "error": None}
+
+
+def test_a_hung_nvidia_smi_is_named_not_a_traceback(tmp_path, monkeypatch):
+    import subprocess
+
+    def hang(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 60)
+
+    monkeypatch.setattr(subprocess, "run", hang)
+    try:
+        gpu.query(smi="nvidia-smi")
+    except RuntimeError as err:
+        assert "did not answer within 60 s" in str(err) and "power-cycle" in str(err)
+    else:
+        raise AssertionError("a hung nvidia-smi went unnoticed")
+
+
+def test_the_hold_pattern_takes_the_whole_driver_branch_and_nothing_else():
+    import re
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "roles", "gpu", "vars", "main.yml"), encoding="utf-8") as f:
+        template = yaml.safe_load(f)["__gpu_package_pattern"]
+    pattern = re.compile(template.replace("{{ gpu_driver_branch }}", "580"))
+    held = ["nvidia-driver-580-open ii", "libnvidia-compute-580:arm64 ii", "nvidia-dkms-580-open ii",
+            "nvidia-firmware-580-580.159.03 ii", "linux-modules-nvidia-580-open-6.17.0-1026-nvidia hi",
+            "nvidia-kernel-common-580 ii", "libnvidia-gl-580-server ii"]
+    left = ["nvidia-driver-590-open ii", "nvidia-container-toolkit ii", "libnvidia-compute-5800 ii",
+            "nvidia-driver-580-open rc", "python3-nvidia-580x ii"]
+    assert [p for p in held if pattern.search(p)] == held
+    assert [p for p in left if pattern.search(p)] == []
