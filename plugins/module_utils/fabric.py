@@ -256,3 +256,26 @@ def interface_holding(links: dict[str, dict[str, Any]], address: str) -> str | N
         if any(cidr.split("/")[0] == address for cidr in link["ipv4"]):
             return name
     return None
+
+
+# ------------------------------------------------------------------------------------------------ netplan
+
+def netplan_config(interfaces: list[dict[str, Any]], renderer: str = "networkd") -> dict[str, Any]:
+    """The netplan document for a node's fabric interfaces (each with netdev, address, prefix, mtu).
+
+    No DHCP, no routes (the fabric never carries the default route), IPv6 link-local kept with EUI-64 address
+    generation: stable-privacy adds a second link-local after a reboot and moves the IPv4-mapped RoCE GIDs to
+    other indexes.
+    """
+    if renderer not in ("networkd", "NetworkManager"):
+        raise FabricError(f"netplan renderer: found {renderer!r}; expected networkd or NetworkManager")
+    ethernets: dict[str, Any] = {}
+    for interface in interfaces:
+        entry = ethernets.setdefault(interface["netdev"], {
+            "dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
+            "ipv6-address-generation": "eui64", "mtu": interface["mtu"], "addresses": []})
+        if entry["mtu"] != interface["mtu"]:
+            raise FabricError(f"{interface['netdev']}: found MTU {interface['mtu']} and {entry['mtu']} planned; "
+                              "expected one MTU per interface")
+        entry["addresses"].append(f"{interface['address']}/{interface['prefix']}")
+    return {"network": {"version": 2, "renderer": renderer, "ethernets": ethernets}}

@@ -226,3 +226,24 @@ def test_ip_addr_json_as_iproute2_prints_it():
     other = next(name for name in links if name != "lo")
     first = links[other]["ipv4"][0].split("/")[0]
     assert fabric.interface_holding(links, first) == other
+
+
+def test_the_netplan_document_of_a_dual_rail_node():
+    plan = fabric.plan(["a", "b"], "direct", rails=2)
+    interfaces = [dict(i, netdev=fabric.netdev_name(i["cage"], i["twin"])) for i in plan["a"]]
+    document = fabric.netplan_config(interfaces, "NetworkManager")
+    assert document == {"network": {"version": 2, "renderer": "NetworkManager", "ethernets": {
+        "enp1s0f1np1": {"dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
+                        "ipv6-address-generation": "eui64", "mtu": 9000, "addresses": ["10.100.0.1/24"]},
+        "enP2p1s0f1np1": {"dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
+                          "ipv6-address-generation": "eui64", "mtu": 9000, "addresses": ["10.100.1.1/24"]}}}}
+    assert "routes" not in str(document) and "gateway" not in str(document)
+
+
+def test_netplan_refuses_an_unknown_renderer_and_two_mtus_on_one_netdev():
+    with pytest.raises(fabric.FabricError, match="expected networkd or NetworkManager"):
+        fabric.netplan_config([], "ifupdown")
+    same = [{"netdev": "eth1", "address": "10.0.0.1", "prefix": 24, "mtu": 9000},
+            {"netdev": "eth1", "address": "10.0.1.1", "prefix": 24, "mtu": 1500}]
+    with pytest.raises(fabric.FabricError, match="eth1: found MTU 1500 and 9000 planned"):
+        fabric.netplan_config(same)
