@@ -11,9 +11,11 @@ GID index NCCL needs is the one whose entry holds the node's IPv4 address with t
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from typing import Any
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.node import list_dir as _listdir
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.node import read_text
 
 # enp1s0f1np1 / enP2p1s0f1np1: optional PCI domain, bus, slot, function (= the cage), port name.
 NETDEV = re.compile(r"^en(?:P(?P<domain>\d+))?p(?P<bus>\d+)s(?P<slot>\d+)f(?P<function>\d+)(?:np(?P<port>\d+))?$")
@@ -25,18 +27,10 @@ class FabricError(Exception):
 
 
 def _read(root: str, path: str) -> str | None:
-    try:
-        with open(os.path.join(root, path.lstrip("/")), encoding="ascii", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:  # unused GID slots answer EINVAL; a down link has no speed
-        return None
-
-
-def _listdir(root: str, path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(os.path.join(root, path.lstrip("/"))))
-    except OSError:
-        return []
+    """A sysfs value, stripped; None where it cannot be read (unused GID slots answer EINVAL, a down link has
+    no speed)."""
+    text = read_text(root, path)
+    return text.strip() if text is not None else None
 
 
 def cage_of(netdev: str) -> dict[str, Any] | None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import csv
 import io
 import re
+import subprocess
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,8 +104,6 @@ def clock_verdict(samples_mhz: list[int], min_mhz: int) -> tuple[bool, str]:
 
 def query(fields: Iterable[str] = QUERY_FIELDS, smi: str = "nvidia-smi") -> list[dict[str, Any]]:
     """Run nvidia-smi's query and parse it (RuntimeError with its output when it fails)."""
-    import subprocess
-
     try:
         result = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv"], capture_output=True,
                                 text=True, check=False, timeout=60)
@@ -123,10 +124,6 @@ def clocks_under_load(load_argv: list[str], seconds: float, interval: float = 0.
     Returns {samples: {gpu index: [MHz, ...]}, load_rc, load_output, ready} - a load that fails or never gets
     going is reported as such, not mistaken for a slow clock.
     """
-    import subprocess
-    import threading
-    import time
-
     load = subprocess.Popen(load_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     ready = threading.Event()

@@ -14,7 +14,8 @@ import re
 from typing import Any
 
 
-def _read(root: str, path: str) -> str | None:
+def read_text(root: str, path: str) -> str | None:
+    """A file below root, or None where it cannot be read."""
     try:
         with open(os.path.join(root, path.lstrip("/")), encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -22,7 +23,8 @@ def _read(root: str, path: str) -> str | None:
         return None
 
 
-def _listdir(root: str, path: str) -> list[str]:
+def list_dir(root: str, path: str) -> list[str]:
+    """A directory's entries below root, sorted; [] where there is none."""
     try:
         return sorted(os.listdir(os.path.join(root, path.lstrip("/"))))
     except OSError:
@@ -32,7 +34,7 @@ def _listdir(root: str, path: str) -> list[str]:
 def meminfo(root: str = "/") -> dict[str, int]:
     """/proc/meminfo as {field: kB}."""
     fields = {}
-    for line in (_read(root, "/proc/meminfo") or "").splitlines():
+    for line in (read_text(root, "/proc/meminfo") or "").splitlines():
         match = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)", line)
         if match:
             fields[match.group(1)] = int(match.group(2))
@@ -41,7 +43,7 @@ def meminfo(root: str = "/") -> dict[str, int]:
 
 def os_release(root: str = "/") -> dict[str, str]:
     values = {}
-    for line in (_read(root, "/etc/os-release") or "").splitlines():
+    for line in (read_text(root, "/etc/os-release") or "").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip().strip('"')
@@ -51,8 +53,8 @@ def os_release(root: str = "/") -> dict[str, str]:
 def nvidia_gpus(root: str = "/") -> list[dict[str, str]]:
     """GPUs the NVIDIA kernel driver has bound (/proc/driver/nvidia/gpus/<bus id>/information)."""
     gpus = []
-    for bus_id in _listdir(root, "/proc/driver/nvidia/gpus"):
-        info = _read(root, f"/proc/driver/nvidia/gpus/{bus_id}/information") or ""
+    for bus_id in list_dir(root, "/proc/driver/nvidia/gpus"):
+        info = read_text(root, f"/proc/driver/nvidia/gpus/{bus_id}/information") or ""
         model = re.search(r"^Model:\s*(.+)$", info, re.M)
         gpus.append({"bus_id": bus_id, "model": model.group(1).strip() if model else "unknown"})
     return gpus
@@ -61,12 +63,12 @@ def nvidia_gpus(root: str = "/") -> list[dict[str, str]]:
 def rdma_devices(root: str = "/") -> list[dict[str, Any]]:
     """RDMA devices (/sys/class/infiniband) with the netdevs of their PCI function."""
     devices = []
-    for name in _listdir(root, "/sys/class/infiniband"):
+    for name in list_dir(root, "/sys/class/infiniband"):
         base = f"/sys/class/infiniband/{name}"
         devices.append({
             "name": name,
-            "netdevs": _listdir(root, f"{base}/device/net"),
-            "ports": _listdir(root, f"{base}/ports"),
+            "netdevs": list_dir(root, f"{base}/device/net"),
+            "ports": list_dir(root, f"{base}/ports"),
         })
     return devices
 
@@ -75,7 +77,7 @@ def container_kind(root: str = "/") -> str | None:
     """The container manager systemd reports; else docker by its marker file, but only where the kernel's
     settings are mounted read-only as Docker does (a VM built from a container image keeps a stale
     /.dockerenv and owns its kernel); None on bare metal or a VM."""
-    kind = (_read(root, "/run/systemd/container") or "").strip()
+    kind = (read_text(root, "/run/systemd/container") or "").strip()
     if kind:
         return kind
     if os.path.exists(os.path.join(root, ".dockerenv")) and _proc_sys_read_only(root):
@@ -84,7 +86,7 @@ def container_kind(root: str = "/") -> str | None:
 
 
 def _proc_sys_read_only(root: str) -> bool:
-    for line in (_read(root, "/proc/mounts") or "").splitlines():
+    for line in (read_text(root, "/proc/mounts") or "").splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[1] == "/proc/sys":
             return "ro" in fields[3].split(",")
@@ -95,7 +97,7 @@ def init_system(root: str = "/") -> str:
     """'systemd' when systemd runs the node (its sd_booted test: /run/systemd/system exists), else PID 1's name."""
     if os.path.isdir(os.path.join(root, "run/systemd/system")):
         return "systemd"
-    return (_read(root, "/proc/1/comm") or "unknown").strip() or "unknown"
+    return (read_text(root, "/proc/1/comm") or "unknown").strip() or "unknown"
 
 
 def node_facts(root: str = "/") -> dict[str, Any]:
