@@ -1,6 +1,21 @@
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
-"""The fabric plan for plays: ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``."""
+"""The fabric for plays.
+
+- ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``: every node's fabric interfaces (documented below).
+- ``node | sparkfleet.cluster.fabric_plan_line(sparkfleet_fabric_plan)``: one line of the preflight's plan.
+- ``plan | sparkfleet.cluster.fabric_hosts(node)``: the node's /etc/hosts lines for its and its peers' fabric
+  addresses.
+- ``interfaces | sparkfleet.cluster.fabric_netplan(renderer)``: the netplan document for those interfaces.
+- ``plan | sparkfleet.cluster.fabric_nftables(node, cluster_sources, service_ports, api_port, api_sources)``:
+  the node's nftables table (module_utils/fabric.py nft_ruleset says what it accepts).
+- ``plan | sparkfleet.cluster.fabric_problems(others, live, rendezvous, topology)``: duplicate addresses, fabric
+  subnets overlapping a node's other networks, MTUs that differ between the ends of a cable, and (triangle,
+  ring) a rendezvous address inside the fabric; one line each.
+- ``interfaces | sparkfleet.cluster.nccl_rank_env(roce, gid_indexes, topology, management, overrides)``: the
+  rank's NCCL / Gloo environment (module_utils/nccl.py).
+- ``stdout | sparkfleet.cluster.nccl_probe``: the NCCL probe's result from rank 0's output.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +23,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import fabric
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import fabric, nccl
 
 DOCUMENTATION = r"""
 ---
@@ -57,6 +72,11 @@ options:
     description: Prefix length of the pinned addresses' subnet.
     type: int
     default: 24
+  subnets:
+    description: The subnet of each cable and rail in order, instead of /24s carved from O(supernet).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -67,20 +87,89 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: "{node: [{cage, rail, twin, subnet, address, prefix, mtu, peers: [{node, address}]}]}"
+  description: "{node: [{cage, rail, twin, netdev, subnet, address, prefix, mtu, peers: [{node, address}]}]}"
   type: dict
 """
 
 
+def _fail(err: Exception):
+    raise AnsibleFilterError(str(err)) from err
+
+
 def fabric_plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.100.0.0/16", cage: int = 1,
-                mtu: int = 9000, pinned: dict[str, str] | None = None, prefix: int = 24) -> dict[str, Any]:
+                mtu: int = 9000, pinned: dict[str, str] | None = None, prefix: int = 24,
+                subnets: list[str] | None = None) -> dict[str, Any]:
     try:
         return fabric.plan(list(nodes), topology, int(rails), supernet, int(cage), int(mtu),
-                           {k: str(v) for k, v in (pinned or {}).items()} or None, int(prefix))
+                           {k: str(v) for k, v in (pinned or {}).items()} or None, int(prefix),
+                           [str(s) for s in subnets or []] or None)
     except (fabric.FabricError, ValueError) as err:
-        raise AnsibleFilterError(str(err)) from err
+        _fail(err)
+
+
+def fabric_plan_line(node: str, fabric_plan: dict[str, Any]) -> str:
+    """'  node0: enp1s0f1np1 10.100.0.1/24 MTU 9000 -> node1 10.100.0.2' for the preflight's plan."""
+    parts = [f"{i['netdev']} {i['address']}/{i['prefix']} MTU {i['mtu']} -> "
+             + ", ".join(f"{p['node']} {p['address']}" for p in i["peers"])
+             for i in fabric_plan["interfaces"].get(node, [])]
+    return f"  {node}: " + "; ".join(parts)
+
+
+def fabric_hosts(plan: dict[str, Any], node: str) -> list[str]:
+    return fabric.hosts_entries(plan, node)
+
+
+def fabric_netplan(interfaces: list[dict[str, Any]], renderer: str = "networkd") -> dict[str, Any]:
+    try:
+        return fabric.netplan_config(interfaces, renderer)
+    except fabric.FabricError as err:
+        _fail(err)
+
+
+def fabric_nftables(plan: dict[str, Any], node: str, cluster_sources: list[str], service_ports: list[int],
+                    api_port: int | None = None, api_sources: list[str] | None = None) -> str:
+    interfaces = plan.get(node, [])
+    try:
+        return fabric.nft_ruleset(sorted({i["netdev"] for i in interfaces}),
+                                  sorted({i["subnet"] for ifaces in plan.values() for i in ifaces}),
+                                  [str(s) for s in cluster_sources], [int(p) for p in service_ports],
+                                  int(api_port) if api_port else None, [str(s) for s in api_sources or []])
+    except ValueError as err:
+        _fail(ValueError(f"fabric firewall: {err}; expected IPv4 addresses or networks in "
+                         "sparkfleet_api_allowed_sources; fix: correct the list"))
+
+
+def fabric_problems(plan: dict[str, Any], others: dict[str, list[str]] | None = None,
+                    live: dict[str, Any] | None = None, rendezvous: dict[str, str] | None = None,
+                    topology: str = "") -> list[str]:
+    problems = fabric.duplicates(plan) + fabric.overlaps(plan, others or {})
+    problems += fabric.rendezvous_inside(plan, rendezvous or {}, topology)
+    for node, interfaces in sorted(plan.items()):
+        problems += fabric.mtu_mismatches(node, interfaces, live or {}) if live else []
+    return problems
+
+
+def nccl_rank_env(interfaces: list[dict[str, Any]], roce: list[dict[str, Any]], gid_indexes: dict[str, int],
+                  topology: str, management: dict[str, str] | None = None,
+                  overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    hcas = {(device["cage"], device["twin"]): device["name"] for device in roce or [] if device.get("cage") is not None}
+    try:
+        return nccl.rank_env(list(interfaces), hcas, {k: int(v) for k, v in (gid_indexes or {}).items()}, topology,
+                             management, overrides)
+    except ValueError as err:
+        _fail(ValueError(f"nccl: {err}; fix: run the fabric stage and check its discovery output"))
+
+
+def nccl_probe(stdout: str) -> dict[str, Any]:
+    try:
+        return nccl.parse_probe(stdout or "")
+    except ValueError as err:
+        _fail(ValueError(f"nccl probe: {err}; expected rank 0's result line; fix: read the probe's output above "
+                         "(a rank that could not reach the head's rendezvous address times out)"))
 
 
 class FilterModule:
     def filters(self):
-        return {"fabric_plan": fabric_plan}
+        return {"fabric_plan": fabric_plan, "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
+                "fabric_netplan": fabric_netplan, "fabric_nftables": fabric_nftables,
+                "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe}

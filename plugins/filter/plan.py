@@ -28,7 +28,7 @@ def plan_lines(plan: Mapping[str, Any], hostvars: Mapping[str, Any]) -> list[str
         described = [
             f"rank {node['rank']} {node['role']:<6} {node['host']}",
             f"mgmt {host.get('ansible_host', node['host'])}",
-            f"fabric {node['fabric_address']}",
+            f"rendezvous {node['fabric_address']}",
         ]
         if facts:
             described += [

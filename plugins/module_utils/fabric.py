@@ -182,24 +182,30 @@ def cables(nodes: list[str], topology: str, cage: int = 1) -> list[dict[str, Any
 
 
 def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.100.0.0/16", cage: int = 1,
-         mtu: int = 9000, pinned: dict[str, str] | None = None, prefix: int = 24) -> dict[str, list[dict[str, Any]]]:
+         mtu: int = 9000, pinned: dict[str, str] | None = None, prefix: int = 24,
+         subnets: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every node's fabric interfaces: one subnet per (cable, rail), host number = the node's place + 1.
 
     ``pinned`` {node: address} fixes the rail-0 address of a direct or switch fabric (the inventory's
     sparkfleet_fabric_address); its subnet (``prefix``) then replaces the computed one for rail 0.
-    Returns {node: [{cage, rail, twin, subnet, address, prefix, mtu, peers: [{node, address}]}]}.
+    ``subnets`` names the subnet of each (cable, rail) in order (cable 0 rail 0, cable 0 rail 1, ...) instead
+    of carving /24s from ``supernet``.
+    Returns {node: [{cage, rail, twin, netdev, subnet, address, prefix, mtu, peers: [{node, address}]}]}.
     """
     if rails not in (1, 2):
         raise FabricError(f"sparkfleet_fabric_rails: found {rails}; expected 1 or 2 (2 addresses both twins of "
                           "each cabled cage); fix: set 1 or 2")
-    network = ipaddress.IPv4Network(supernet, strict=True)
     links = cables(nodes, topology, cage)
-    subnets = list(network.subnets(new_prefix=24)) if network.prefixlen <= 24 else []
     needed = len(links) * rails
-    if len(subnets) < needed:
-        raise FabricError(f"sparkfleet_fabric_supernet: found {supernet} ({len(subnets)} /24 subnets); expected room "
-                          f"for {needed} (one per cable and rail); fix: use a /{24 - (needed - 1).bit_length()} "
-                          "or larger private range")
+    if subnets:
+        networks = _explicit_subnets(subnets, needed, len(nodes))
+    else:
+        network = _network("sparkfleet_fabric_supernet", supernet)
+        networks = list(network.subnets(new_prefix=24)) if network.prefixlen <= 24 else []
+        if len(networks) < needed:
+            raise FabricError(f"sparkfleet_fabric_supernet: found {supernet} ({len(networks)} /24 subnets); expected "
+                              f"room for {needed} (one per cable and rail); fix: use a "
+                              f"/{24 - (needed - 1).bit_length()} or larger private range")
     pinned = pinned or {}
     if pinned and topology not in ("direct", "switch"):
         raise FabricError(f"sparkfleet_fabric_address: found addresses pinned on a {topology}; expected computed "
@@ -208,20 +214,63 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
     result: dict[str, list[dict[str, Any]]] = {node: [] for node in nodes}
     for number, link in enumerate(links):
         for rail in range(rails):
-            subnet = subnets[number * rails + rail]
-            length = 24
+            subnet = networks[number * rails + rail]
+            length = subnet.prefixlen
             addresses = {node: str(subnet.network_address + nodes.index(node) + 1) for node, _ in link["ends"]}
             if rail == 0 and pinned:
+                subnet = _pinned_subnet(nodes, pinned, prefix)
                 length = prefix
                 addresses = {node: pinned[node] for node, _ in link["ends"]}
-                subnet = ipaddress.IPv4Interface(f"{pinned[nodes[0]]}/{prefix}").network
             for node, node_cage in link["ends"]:
                 result[node].append({
-                    "cage": node_cage, "rail": rail, "twin": RAIL_TWINS[rail], "subnet": str(subnet),
+                    "cage": node_cage, "rail": rail, "twin": RAIL_TWINS[rail],
+                    "netdev": netdev_name(node_cage, RAIL_TWINS[rail]), "subnet": str(subnet),
                     "address": addresses[node], "prefix": length, "mtu": mtu,
                     "peers": [{"node": peer, "address": addresses[peer]} for peer, _ in link["ends"] if peer != node],
                 })
     return result
+
+
+def _pinned_subnet(nodes: list[str], pinned: dict[str, str], prefix: int) -> ipaddress.IPv4Network:
+    """The one subnet every pinned rail-0 address must share (a direct cable or a switch is one L2 segment)."""
+    missing = [node for node in nodes if not pinned.get(node)]
+    if missing:
+        raise FabricError(f"{', '.join(missing)}: sparkfleet_fabric_address: found none; expected an address on "
+                          "every node or on none; fix: set it on every node, or remove it everywhere to use "
+                          "computed addresses")
+    subnet = ipaddress.IPv4Interface(f"{pinned[nodes[0]]}/{prefix}").network
+    for node in nodes:
+        if ipaddress.IPv4Address(pinned[node]) not in subnet:
+            raise FabricError(f"{node}: sparkfleet_fabric_address: found {pinned[node]}, outside {subnet} (the "
+                              f"subnet of {nodes[0]}'s {pinned[nodes[0]]}/{prefix}); expected every node in one "
+                              "subnet on a direct cable or a switch; fix: correct the address or "
+                              "sparkfleet_fabric_prefix")
+    return subnet
+
+
+def _network(key: str, text: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(str(text), strict=True)
+    except ValueError as err:
+        raise FabricError(f"{key}: found {text!r} ({err}); expected an IPv4 network such as 10.100.0.0/16 (host "
+                          "bits zero); fix: correct it") from err
+
+
+def _explicit_subnets(subnets: list[str], needed: int, hosts: int) -> list[ipaddress.IPv4Network]:
+    networks = [_network("sparkfleet_fabric_subnets", text) for text in subnets]
+    if len(networks) != needed:
+        raise FabricError(f"sparkfleet_fabric_subnets: found {len(networks)} subnet(s); expected {needed} (one per "
+                          "cable and rail, in cable order); fix: list one subnet per cable and rail, or remove the "
+                          "key to carve them from sparkfleet_fabric_supernet")
+    for i, one in enumerate(networks):
+        for other in networks[i + 1:]:
+            if one.overlaps(other):
+                raise FabricError(f"sparkfleet_fabric_subnets: found {one} and {other} overlapping; expected one "
+                                  "subnet of its own per cable and rail; fix: give each cable a separate subnet")
+        if one.num_addresses - 2 < hosts:
+            raise FabricError(f"sparkfleet_fabric_subnets: found {one}, too small for {hosts} nodes; expected room "
+                              "for one address per node; fix: use a /24")
+    return networks
 
 
 def netdev_name(cage: int, twin: str) -> str:
@@ -273,3 +322,168 @@ def netplan_config(interfaces: list[dict[str, Any]], renderer: str = "networkd")
                               "expected one MTU per interface")
         entry["addresses"].append(f"{interface['address']}/{interface['prefix']}")
     return {"network": {"version": 2, "renderer": renderer, "ethernets": ethernets}}
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+def overlaps(fabric_plan: dict[str, list[dict[str, Any]]], others: dict[str, list[str]]) -> list[str]:
+    """Fabric subnets that overlap a node's other networks (``others``: {node: [cidr of its non-fabric
+    addresses]}) - traffic for a peer would leave through the management port."""
+    problems = []
+    for node, interfaces in fabric_plan.items():
+        for cidr in others.get(node, []):
+            network = ipaddress.IPv4Interface(cidr).network
+            for interface in interfaces:
+                if network.overlaps(ipaddress.IPv4Network(interface["subnet"])):
+                    problems.append(f"{node}: {interface['netdev']}: found fabric subnet {interface['subnet']} "
+                                    f"overlapping {network} (the node's {cidr} on another interface); expected "
+                                    "fabric subnets apart from every other network; fix: choose another "
+                                    "sparkfleet_fabric_supernet or sparkfleet_fabric_subnets")
+    return problems
+
+
+def duplicates(fabric_plan: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Addresses planned twice (pinned addresses or explicit subnets can collide)."""
+    seen: dict[str, str] = {}
+    problems = []
+    for node, interfaces in sorted(fabric_plan.items()):
+        for interface in interfaces:
+            where = f"{node} {interface['netdev']}"
+            if interface["address"] in seen:
+                problems.append(f"{where}: found address {interface['address']}, already planned on "
+                                f"{seen[interface['address']]}; expected one address per interface; fix: give "
+                                "each node and rail an address of its own")
+            seen.setdefault(interface["address"], where)
+    return problems
+
+
+def rendezvous_inside(fabric_plan: dict[str, list[dict[str, Any]]], rendezvous: dict[str, str],
+                      topology: str) -> list[str]:
+    """On a triangle or ring no fabric address reaches every peer, so the ranks' rendezvous address (the
+    inventory's sparkfleet_fabric_address) must be the management address, outside every fabric subnet."""
+    if topology not in ("triangle", "ring"):
+        return []
+    subnets = sorted({i["subnet"] for interfaces in fabric_plan.values() for i in interfaces})
+    problems = []
+    for node, address in sorted(rendezvous.items()):
+        inside = [s for s in subnets if ipaddress.IPv4Address(str(address)) in ipaddress.IPv4Network(s)]
+        if inside:
+            problems.append(f"{node}: sparkfleet_fabric_address: found {address} inside the fabric subnet "
+                            f"{inside[0]} of a {topology}; expected the node's management address (no fabric "
+                            "address reaches every peer, so ranks rendezvous on the management network); fix: set "
+                            "sparkfleet_fabric_address to the management address")
+    return problems
+
+
+def mtu_mismatches(node: str, interfaces: list[dict[str, Any]],
+                   live: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Links whose MTU differs between this node and a peer's end of the same cable (``live``: {node: links
+    from fabric_facts}); a jumbo frame from one end is dropped by the other."""
+    problems = []
+    for interface in interfaces:
+        mine = (live.get(node, {}).get(interface["netdev"]) or {}).get("mtu")
+        for peer in interface["peers"]:
+            peer_links = live.get(peer["node"], {})
+            theirs = next((link.get("mtu") for link in peer_links.values()
+                           if any(cidr.split("/")[0] == peer["address"] for cidr in link.get("ipv4", []))), None)
+            if mine is not None and theirs is not None and mine != theirs:
+                problems.append(f"{node}: {interface['netdev']}: found MTU {mine} here and {theirs} on "
+                                f"{peer['node']} ({peer['address']}); expected the same MTU at both ends of a "
+                                "cable; fix: set one sparkfleet_fabric_mtu for the cluster and converge every node")
+    return problems
+
+
+def unmet(links: dict[str, dict[str, Any]], devices: list[dict[str, Any]], expect: list[dict[str, Any]],
+          speed_mbps: int = 0) -> list[str]:
+    """What differs between the live links and the planned interfaces (netdev, address, prefix, mtu): link
+    down, address missing, MTU, and on RoCE netdevs the speed. Empty when all is in effect."""
+    by_netdev = {device["netdev"]: device for device in devices if device.get("netdev")}
+    problems = []
+    for interface in expect:
+        name = interface["netdev"]
+        link = links.get(name)
+        if link is None:
+            problems.append(f"{name}: found no such interface; expected it to carry {interface['address']}")
+            continue
+        if not link["up"] or link["operstate"] == "down":
+            problems.append(f"{name}: found the link {link['operstate']}; expected it up (carrier on the cable)")
+        cidr = f"{interface['address']}/{interface['prefix']}"
+        if cidr not in link["ipv4"]:
+            problems.append(f"{name}: found addresses {', '.join(link['ipv4']) or 'none'}; expected {cidr}")
+        if link["mtu"] != interface["mtu"]:
+            problems.append(f"{name}: found MTU {link['mtu']}; expected {interface['mtu']}")
+        device = by_netdev.get(name)
+        speed = (device.get("link") or {}).get("speed_mbps") if device else None
+        if device and speed_mbps and speed != speed_mbps:
+            problems.append(f"{name} ({device['name']}): found speed {speed or 'unknown'} Mb/s; expected "
+                            f"{speed_mbps} Mb/s (a 200GbE ConnectX-7 link); fix: reseat or replace the cable (a "
+                            f"passive DAC), check ethtool {name}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ host files
+
+def hosts_entries(fabric_plan: dict[str, list[dict[str, Any]]], node: str) -> list[str]:
+    """/etc/hosts lines for ``node``: each peer's address as reached from here, and on a direct cable or switch
+    its own (<name>-fabric for rail 0, <name>-fabric-r1 for rail 1; a ring's far node has none)."""
+    lines = []
+    interfaces = fabric_plan.get(node, [])
+    for interface in interfaces:
+        suffix = "-fabric" if interface["rail"] == 0 else f"-fabric-r{interface['rail']}"
+        # a node of a triangle or ring has one address per cable: no one of them is "its" fabric name
+        own = sum(1 for i in interfaces if i["rail"] == interface["rail"]) == 1
+        names = [(interface["address"], f"{node}{suffix}")] if own else []
+        names += [(peer["address"], f"{peer['node']}{suffix}") for peer in interface["peers"]]
+        lines += [f"{address} {name}" for address, name in names]
+    return sorted(dict.fromkeys(lines), key=lambda line: (line.split()[1], line))
+
+
+def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: list[str],
+                service_ports: list[int], api_port: int | None, api_sources: list[str]) -> str:
+    """The sparkfleet nftables table, replaced atomically when loaded with nft -f.
+
+    - On the fabric interfaces only the fabric subnets are accepted (NCCL, Gloo and RDMA-CM traffic).
+    - The service ports (rendezvous, rsync daemon) accept only the fabric subnets and the cluster's nodes.
+    - The API port accepts only the listed clients and the cluster's nodes; loopback is always accepted.
+    Everything else keeps the host's own policy (the chain's policy is accept).
+    """
+    for cidr in [*fabric_subnets, *cluster_sources, *api_sources]:
+        ipaddress.IPv4Network(cidr, strict=False)  # refuse anything nft would choke on
+
+    def elements(cidrs: list[str]) -> str:
+        unique = sorted({str(ipaddress.IPv4Network(c, strict=False)) for c in cidrs},
+                        key=lambda c: ipaddress.IPv4Network(c))
+        return ", ".join(_collapse(unique))
+
+    lines = [
+        "# sparkfleet fabric firewall (written by the fabric role; loaded by sparkfleet-firewall.service)",
+        "table inet sparkfleet",
+        "delete table inet sparkfleet",
+        "table inet sparkfleet {",
+        "	set fabric_nets {", "		type ipv4_addr", "		flags interval",
+        f"		elements = {{ {elements(fabric_subnets)} }}", "	}",
+        "	set cluster_sources {", "		type ipv4_addr", "		flags interval",
+        f"		elements = {{ {elements([*fabric_subnets, *cluster_sources])} }}", "	}",
+    ]
+    if api_port:
+        lines += ["	set api_clients {", "		type ipv4_addr", "		flags interval",
+                  f"		elements = {{ {elements([*api_sources, *cluster_sources])} }}", "	}"]
+    lines += ["	chain input {", "		type filter hook input priority filter - 5; policy accept;",
+              '		iif "lo" accept']
+    if netdevs:
+        names = ", ".join(f'"{name}"' for name in netdevs)
+        lines.append(f"		iifname {{ {names} }} ip saddr != @fabric_nets counter drop")
+    if service_ports:
+        ports = ", ".join(str(port) for port in sorted(set(service_ports)))
+        lines += [f"		tcp dport {{ {ports} }} ip saddr != @cluster_sources counter drop",
+                  f"		tcp dport {{ {ports} }} meta nfproto ipv6 counter drop"]
+    if api_port:
+        lines += [f"		tcp dport {api_port} ip saddr != @api_clients counter drop",
+                  f"		tcp dport {api_port} meta nfproto ipv6 counter drop"]
+    lines += ["	}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _collapse(cidrs: list[str]) -> list[str]:
+    """nft refuses overlapping interval elements: merge them first."""
+    return [str(net) for net in ipaddress.collapse_addresses(ipaddress.IPv4Network(c) for c in cidrs)]

@@ -6,6 +6,7 @@ Defaults follow the field notes (section 4) per topology; every key can be overr
 - direct / switch: sockets and VLLM_HOST_IP on the rail-0 fabric interface; the HCAs of the cabled cage
   (both twins with two rails); the GID index pinned when every HCA used has its RoCE v2 IPv4 GID at the same
   index, else left to NCCL with NCCL_IB_ADDR_FAMILY=AF_INET.
+- no RoCE device at all (the lab's veth fabric): NCCL over TCP sockets (NCCL_NET=Socket, IB disabled).
 - triangle / ring: no fabric address reaches every peer, so sockets and VLLM_HOST_IP use the management
   interface; every cabled HCA; subnet-aware routing, AF_INET, no GID pin; a ring also fixes 4 channels and
   allows cross-NIC traffic.
@@ -13,6 +14,7 @@ Defaults follow the field notes (section 4) per topology; every key can be overr
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 CORE = {
@@ -28,6 +30,7 @@ CORE = {
     "NCCL_DEBUG": "WARN",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+SOCKETS = {"NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1", "NCCL_IB_ROCE_VERSION_NUM": None}
 MESH = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_ADDR_FAMILY": "AF_INET"}
 RING = {"NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "4", "NCCL_CROSS_NIC": "1"}
 
@@ -45,18 +48,21 @@ def rank_env(interfaces: list[dict[str, Any]], hcas: dict[tuple[int, str], str],
     env = dict(CORE)
     used = [hcas[(i["cage"], i["twin"])] for i in interfaces if (i["cage"], i["twin"]) in hcas]
     missing = [i for i in interfaces if (i["cage"], i["twin"]) not in hcas]
-    if missing:
+    if not hcas:  # no RDMA at all (the lab's veth fabric): NCCL and Gloo over TCP sockets
+        env.update(SOCKETS)
+    elif missing:
         names = ", ".join(f"cage {i['cage']} twin {i['twin'] or '-'}" for i in missing)
         raise ValueError(f"no RoCE device found for {names}; expected one per planned fabric interface")
-    env["NCCL_IB_HCA"] = ",".join(dict.fromkeys(used))
+    if used:
+        env["NCCL_IB_HCA"] = ",".join(dict.fromkeys(used))
     if topology in ("direct", "switch"):
         first = next(i for i in interfaces if i["rail"] == 0)
         env.update({"NCCL_SOCKET_IFNAME": first["netdev"], "GLOO_SOCKET_IFNAME": first["netdev"],
                     "TP_SOCKET_IFNAME": first["netdev"], "VLLM_HOST_IP": first["address"]})
         indexes = {gid_indexes[name] for name in used if name in gid_indexes}
-        if len(indexes) == 1 and len(used) == len([n for n in used if n in gid_indexes]):
+        if used and len(indexes) == 1 and all(name in gid_indexes for name in used):
             env["NCCL_IB_GID_INDEX"] = str(indexes.pop())
-        else:
+        elif used:
             env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
     else:
         if not management or not management.get("ifname") or not management.get("address"):
@@ -64,9 +70,11 @@ def rank_env(interfaces: list[dict[str, Any]], hcas: dict[tuple[int, str], str],
                              "every peer")
         env.update({"NCCL_SOCKET_IFNAME": management["ifname"], "GLOO_SOCKET_IFNAME": management["ifname"],
                     "TP_SOCKET_IFNAME": management["ifname"], "VLLM_HOST_IP": management["address"]})
-        env.update(MESH)
+        if used:
+            env.update(MESH)
         if topology == "ring":
             env.update(RING)
+    env = {key: value for key, value in env.items() if value is not None}
     for key, value in (overrides or {}).items():
         if value is None:
             env.pop(key, None)
@@ -103,3 +111,19 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
                      "in_place": {"time_us": float(in_place["time"]), "algbw": float(in_place["algbw"]),
                                   "busbw": float(in_place["busbw"])}})
     return {"rows": rows, "avg_busbw": avg}
+
+
+PROBE_PREFIX = "SPARKFLEET_NCCL_PROBE "
+
+
+def parse_probe(text: str) -> dict[str, Any]:
+    """The probe's JSON line (rank 0 prints 'SPARKFLEET_NCCL_PROBE {...}'); ValueError naming what was found."""
+    lines = [line[len(PROBE_PREFIX):] for line in text.splitlines() if line.startswith(PROBE_PREFIX)]
+    if not lines:
+        tail = " | ".join(text.strip().splitlines()[-3:]) or "no output"
+        raise ValueError(f"found no '{PROBE_PREFIX.strip()}' line in the probe's output ({tail})")
+    result = json.loads(lines[-1])
+    for key in ("latency_us", "bus_bandwidth_gbs", "world_size"):
+        if key not in result:
+            raise ValueError(f"found the probe's result without {key!r}: {sorted(result)}")
+    return result

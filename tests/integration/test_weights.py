@@ -182,7 +182,7 @@ def test_rsync_daemon_transport_serves_the_fabric_and_stops(lab, hub, tmp_path):
 
 
 def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub, tmp_path):
-    fabric = f"{lab['extravars']['lab_name']}-fabric"
+    fabric = f"{lab['extravars']['lab_name']}-fabric0"  # the lab's one cable
     address = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
     partial = "/var/lib/sparkfleet-it/away/hub/models--test-org--tiny"
     cut = {}
@@ -206,6 +206,8 @@ def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub
         watcher.join()
         subprocess.run(["docker", "network", "connect", "--ip", address, fabric, container(lab, "node1")],
                        check=False)
+        # Docker names the cable's interface ethN again; the lab's naming unit gives it its GB10 name back
+        on_node(lab, "node1", "systemctl", "restart", "sparkfleet-lab-cables.service", check=False)
     text = output(failed)
     assert cut, "the pull never started"
     assert failed.status == "failed"

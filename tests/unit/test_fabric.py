@@ -247,3 +247,110 @@ def test_netplan_refuses_an_unknown_renderer_and_two_mtus_on_one_netdev():
             {"netdev": "eth1", "address": "10.0.1.1", "prefix": 24, "mtu": 1500}]
     with pytest.raises(fabric.FabricError, match="eth1: found MTU 1500 and 9000 planned"):
         fabric.netplan_config(same)
+
+
+# ------------------------------------------------------------------------------------------------ more of the plan
+
+def test_explicit_subnets_replace_the_carved_ones_in_cable_order():
+    plan = fabric.plan(["n0", "n1", "n2"], "triangle", subnets=["10.12.1.0/24", "10.23.1.0/24", "10.31.1.0/24"])
+    assert addresses(plan, "n1") == [(1, "", "10.12.1.2/24", ["n0"]), (0, "", "10.23.1.2/24", ["n2"])]
+    assert [i["netdev"] for i in plan["n1"]] == ["enp1s0f1np1", "enp1s0f0np0"]
+
+
+@pytest.mark.parametrize("subnets, message", [
+    (["10.1.0.0/24"], "found 1 subnet(s); expected 3 (one per cable and rail, in cable order)"),
+    (["10.1.0.0/24", "10.1.0.0/25", "10.3.0.0/24"], "found 10.1.0.0/24 and 10.1.0.0/25 overlapping"),
+    (["10.1.0.0/24", "10.2.0.0/31", "10.3.0.0/24"], "found 10.2.0.0/31, too small for 3 nodes"),
+    (["10.1.0.1/24", "10.2.0.0/24", "10.3.0.0/24"], "found '10.1.0.1/24' (10.1.0.1/24 has host bits set)"),
+])
+def test_bad_explicit_subnets_are_refused(subnets, message):
+    with pytest.raises(fabric.FabricError) as error:
+        fabric.plan(["a", "b", "c"], "triangle", subnets=subnets)
+    assert message in str(error.value) and "fix:" in str(error.value)
+
+
+def test_pinned_addresses_must_cover_every_node_and_share_one_subnet():
+    with pytest.raises(fabric.FabricError, match="b: sparkfleet_fabric_address: found none"):
+        fabric.plan(["a", "b"], "switch", pinned={"a": "192.168.100.10"})
+    with pytest.raises(fabric.FabricError) as error:
+        fabric.plan(["a", "b"], "direct", pinned={"a": "192.168.100.10", "b": "192.168.101.11"})
+    assert str(error.value).startswith("b: sparkfleet_fabric_address: found 192.168.101.11, outside 192.168.100.0/24")
+
+
+def test_duplicates_overlaps_and_a_rendezvous_inside_a_mesh_are_named():
+    plan = fabric.plan(["a", "b"], "switch", pinned={"a": "10.9.0.5", "b": "10.9.0.6"})
+    plan["b"][0]["address"] = "10.9.0.5"
+    assert fabric.duplicates(plan) == [
+        "b enp1s0f1np1: found address 10.9.0.5, already planned on a enp1s0f1np1; expected one address per "
+        "interface; fix: give each node and rail an address of its own"]
+    clean = fabric.plan(["a", "b"], "direct")
+    assert fabric.duplicates(clean) == [] and fabric.overlaps(clean, {"a": ["192.168.1.5/24"]}) == []
+    assert fabric.overlaps(clean, {"b": ["10.100.0.77/16"]}) == [
+        "b: enp1s0f1np1: found fabric subnet 10.100.0.0/24 overlapping 10.100.0.0/16 (the node's 10.100.0.77/16 on "
+        "another interface); expected fabric subnets apart from every other network; fix: choose another "
+        "sparkfleet_fabric_supernet or sparkfleet_fabric_subnets"]
+    triangle = fabric.plan(["a", "b", "c"], "triangle")
+    assert fabric.rendezvous_inside(triangle, {"a": "192.168.1.10", "b": "192.168.1.11"}, "triangle") == []
+    assert fabric.rendezvous_inside(triangle, {"a": "10.100.2.1"}, "triangle")[0].startswith(
+        "a: sparkfleet_fabric_address: found 10.100.2.1 inside the fabric subnet 10.100.2.0/24 of a triangle")
+    assert fabric.rendezvous_inside(clean, {"a": "10.100.0.1"}, "direct") == []
+
+
+def live_link(address, mtu=9000, up=True):
+    return {"mtu": mtu, "operstate": "up" if up else "down", "up": up, "ipv4": [address], "ipv6": []}
+
+
+def test_an_mtu_that_differs_between_the_two_ends_of_a_cable_is_named():
+    plan = fabric.plan(["a", "b"], "direct")
+    live = {"a": {"enp1s0f1np1": live_link("10.100.0.1/24")}, "b": {"enp1s0f1np1": live_link("10.100.0.2/24", 1500)}}
+    assert fabric.mtu_mismatches("a", plan["a"], live) == [
+        "a: enp1s0f1np1: found MTU 9000 here and 1500 on b (10.100.0.2); expected the same MTU at both ends of a "
+        "cable; fix: set one sparkfleet_fabric_mtu for the cluster and converge every node"]
+    live["b"]["enp1s0f1np1"]["mtu"] = 9000
+    assert fabric.mtu_mismatches("a", plan["a"], live) == []
+
+
+def test_what_is_not_in_effect_is_listed_with_the_speed_of_roce_ports(tmp_path):
+    gb10(tmp_path, addresses={"rocep1s0f1": "10.100.0.1"})
+    devices = fabric.roce_devices(str(tmp_path))
+    expect = [dict(i, netdev=i["netdev"]) for i in fabric.plan(["a", "b"], "direct")["a"]]
+    good = {"enp1s0f1np1": live_link("10.100.0.1/24")}
+    assert fabric.unmet(good, devices, expect, speed_mbps=200000) == []
+    assert fabric.unmet(good, devices, expect, speed_mbps=400000) == [
+        "enp1s0f1np1 (rocep1s0f1): found speed 200000 Mb/s; expected 400000 Mb/s (a 200GbE ConnectX-7 link); fix: "
+        "reseat or replace the cable (a passive DAC), check ethtool enp1s0f1np1"]
+    bad = {"enp1s0f1np1": live_link("10.100.0.9/24", mtu=1500, up=False)}
+    assert fabric.unmet(bad, [], expect) == [
+        "enp1s0f1np1: found the link down; expected it up (carrier on the cable)",
+        "enp1s0f1np1: found addresses 10.100.0.9/24; expected 10.100.0.1/24",
+        "enp1s0f1np1: found MTU 1500; expected 9000"]
+    assert fabric.unmet({}, [], expect) == ["enp1s0f1np1: found no such interface; expected it to carry 10.100.0.1"]
+
+
+def test_hosts_name_each_peer_as_reached_from_the_node():
+    direct = fabric.plan(["a", "b"], "direct", rails=2)
+    assert fabric.hosts_entries(direct, "a") == ["10.100.0.1 a-fabric", "10.100.1.1 a-fabric-r1",
+                                                 "10.100.0.2 b-fabric", "10.100.1.2 b-fabric-r1"]
+    ring = fabric.plan(["n0", "n1", "n2", "n3"], "ring")
+    # n0's neighbours only; the node across the ring shares no cable with it
+    assert fabric.hosts_entries(ring, "n0") == ["10.100.0.2 n1-fabric", "10.100.3.4 n3-fabric"]
+
+
+def test_the_firewall_table_fences_the_fabric_and_the_service_ports():
+    plan = fabric.plan(["a", "b", "c"], "triangle")
+    text = fabric.nft_ruleset(["enp1s0f0np0", "enp1s0f1np1"], sorted({i["subnet"] for n in plan.values() for i in n}),
+                              ["192.168.1.10", "192.168.1.11", "192.168.1.12"], [29521, 873, 29531], 8888,
+                              ["192.168.1.0/24"])
+    lines = text.splitlines()
+    # replaced atomically: created if missing, deleted, created again in one nft -f transaction
+    assert lines[1:4] == ["table inet sparkfleet", "delete table inet sparkfleet", "table inet sparkfleet {"]
+    assert "\t\telements = { 10.100.0.0/23, 10.100.2.0/24 }" in lines  # overlapping elements merged for nft
+    assert "\t\telements = { 10.100.0.0/23, 10.100.2.0/24, 192.168.1.10/31, 192.168.1.12/32 }" in lines
+    assert '\t\tiifname { "enp1s0f0np0", "enp1s0f1np1" } ip saddr != @fabric_nets counter drop' in lines
+    assert "\t\ttcp dport { 873, 29521, 29531 } ip saddr != @cluster_sources counter drop" in lines
+    assert "\t\ttcp dport 8888 ip saddr != @api_clients counter drop" in lines
+    assert lines.index('\t\tiif "lo" accept') < lines.index("\t\ttcp dport 8888 ip saddr != @api_clients counter drop")
+    no_api = fabric.nft_ruleset([], ["10.100.0.0/24"], [], [873], None, [])
+    assert "api_clients" not in no_api and "iifname" not in no_api
+    with pytest.raises(ValueError):
+        fabric.nft_ruleset([], ["10.100.0.0/24"], [], [873], 8888, ["not-an-address"])

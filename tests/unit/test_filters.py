@@ -34,7 +34,9 @@ def test_subnet_of_result_holds_the_address():
 
 
 def test_filter_modules_register_the_filters():
-    assert network.FilterModule().filters() == {"subnet_of": network.subnet_of}
+    assert network.FilterModule().filters() == {"subnet_of": network.subnet_of, "nth_address": network.nth_address}
+    assert network.nth_address("10.213.4.0/24", -2) == "10.213.4.254"
+    assert network.nth_address("10.213.4.0/24", 1) == "10.213.4.1"
     assert plan.FilterModule().filters() == {"plan_lines": plan.plan_lines}
 
 
@@ -100,9 +102,9 @@ def test_plan_lines_with_node_facts():
         "spark1": {"ansible_host": "10.0.0.21", "sparkfleet_node": LAB_FACTS},
     }
     assert plan.plan_lines(make_plan(["spark0", "spark1"]), hostvars)[2:] == [
-        "rank 0 head   spark0 | mgmt 10.0.0.20 | fabric 192.168.100.10 | aarch64 | 128.0 GiB memory "
+        "rank 0 head   spark0 | mgmt 10.0.0.20 | rendezvous 192.168.100.10 | aarch64 | 128.0 GiB memory "
         "(120.5 GiB available) | GPU NVIDIA GB10 | RDMA rocep1s0f0, roceP2p1s0f0",
-        "rank 1 worker spark1 | mgmt 10.0.0.21 | fabric 192.168.100.11 | unknown | 16.0 GiB memory "
+        "rank 1 worker spark1 | mgmt 10.0.0.21 | rendezvous 192.168.100.11 | unknown | 16.0 GiB memory "
         "(1.5 GiB available) | GPU none | RDMA none | in a docker container",
     ]
 
@@ -114,9 +116,9 @@ def test_plan_lines_without_node_facts():
     assert plan.plan_lines(make_plan(["node0", "node1", "node2"]), hostvars) == [
         "profile tiny-cpu: Tiny random Llama-style model for the CPU lab (vLLM CPU build, no GPU)",
         "tensor parallel 3 over 3 node(s); served as tiny-cpu, max_model_len 512",
-        "rank 0 head   node0 | mgmt node0.lab | fabric 192.168.100.10",
-        "rank 1 worker node1 | mgmt node1 | fabric 192.168.100.11",
-        "rank 2 worker node2 | mgmt node2 | fabric 192.168.100.12",
+        "rank 0 head   node0 | mgmt node0.lab | rendezvous 192.168.100.10",
+        "rank 1 worker node1 | mgmt node1 | rendezvous 192.168.100.11",
+        "rank 2 worker node2 | mgmt node2 | rendezvous 192.168.100.12",
     ]
 
 
@@ -135,9 +137,9 @@ def test_plan_lines_mixed_facts_and_several_gpus():
     del facts["architecture"]  # an older fact without it
     hostvars = {"h0": {"sparkfleet_node": facts}, "h1": {}}
     assert plan.plan_lines(make_plan(["h0", "h1"]), hostvars)[2:] == [
-        "rank 0 head   h0 | mgmt h0 | fabric 192.168.100.10 | ? | 128.0 GiB memory (120.5 GiB available) | "
+        "rank 0 head   h0 | mgmt h0 | rendezvous 192.168.100.10 | ? | 128.0 GiB memory (120.5 GiB available) | "
         "GPU NVIDIA H200, NVIDIA H200 | RDMA none | in a podman container",
-        "rank 1 worker h1 | mgmt h1 | fabric 192.168.100.11",
+        "rank 1 worker h1 | mgmt h1 | rendezvous 192.168.100.11",
     ]
 
 

@@ -87,3 +87,27 @@ def test_nccl_tests_output_in_the_older_format():
 
 def test_output_without_a_table_gives_no_rows():
     assert nccl.parse_nccl_tests("NCCL WARN NET/IB : No device found.\n") == {"rows": [], "avg_busbw": None}
+
+
+def test_without_any_roce_device_nccl_runs_over_sockets():
+    plan = fabric.plan(["a", "b"], "direct", pinned={"a": "10.9.0.1", "b": "10.9.0.2"})
+    env = nccl.rank_env(interfaces(plan, "b"), {}, {}, "direct")
+    assert env["NCCL_NET"] == "Socket" and env["NCCL_IB_DISABLE"] == "1"
+    assert "NCCL_IB_HCA" not in env and "NCCL_IB_ROCE_VERSION_NUM" not in env and "NCCL_IB_GID_INDEX" not in env
+    assert env["VLLM_HOST_IP"] == "10.9.0.2" and env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+    ring = fabric.plan(["n0", "n1", "n2", "n3"], "ring")
+    env = nccl.rank_env(interfaces(ring, "n2"), {}, {}, "ring", {"ifname": "eth0", "address": "192.168.1.12"})
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_IB_SUBNET_AWARE_ROUTING" not in env
+    assert env["NCCL_MIN_NCHANNELS"] == env["NCCL_MAX_NCHANNELS"] == "4"
+
+
+def test_the_probes_result_line_from_a_real_h200_pair():
+    result = nccl.parse_probe(sample("probe-h200-nvlink.txt"))
+    assert result["world_size"] == 2 and result["nccl"] == "2.28.9" and result["gpu"] == "NVIDIA H200"
+    assert result["latency_us"]["28672"] == 11.16 and result["bus_bandwidth_gbs"] == 332.37
+    below = nccl.parse_probe(sample("probe-h200-sockets.txt"))  # sockets only: exits 1 under the floor
+    assert below["bus_bandwidth_gbs"] == 3.48 and below["latency_us"]["28672"] == 99.81
+    with pytest.raises(ValueError, match="found no 'SPARKFLEET_NCCL_PROBE' line in the probe's output"):
+        nccl.parse_probe("Traceback (most recent call last):\nRuntimeError: connect() timed out\n")
+    with pytest.raises(ValueError, match="without 'bus_bandwidth_gbs'"):
+        nccl.parse_probe('SPARKFLEET_NCCL_PROBE {"world_size": 2, "latency_us": {}}\n')
