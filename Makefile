@@ -59,7 +59,7 @@ unit: deps
 	pytest tests/unit
 
 integration: deps
-	pytest tests/integration
+	pytest tests/integration --durations=25
 
 molecule: deps
 	molecule test -s site

@@ -3,6 +3,7 @@
 """The fabric for plays.
 
 - ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``: every node's fabric interfaces (documented below).
+- ``nodes | sparkfleet.cluster.fabric_plan_problem(...)``: the line fabric_plan would fail with, or ''.
 - ``node | sparkfleet.cluster.fabric_plan_line(sparkfleet_fabric_plan)``: one line of the preflight's plan.
 - ``plan | sparkfleet.cluster.fabric_hosts(node)``: the node's /etc/hosts lines for its and its peers' fabric
   addresses.
@@ -107,6 +108,15 @@ def fabric_plan(nodes: list[str], topology: str, rails: int = 1, supernet: str =
         _fail(err)
 
 
+def fabric_plan_problem(nodes: list[str], **kwargs: Any) -> str:
+    """The one line fabric_plan would fail with, or '' when the plan can be made (for an assert's message)."""
+    try:
+        fabric_plan(nodes, **kwargs)
+    except AnsibleFilterError as err:
+        return str(err)
+    return ""
+
+
 def fabric_plan_line(node: str, fabric_plan: dict[str, Any]) -> str:
     """'  node0: enp1s0f1np1 10.100.0.1/24 MTU 9000 -> node1 10.100.0.2' for the preflight's plan."""
     parts = [f"{i['netdev']} {i['address']}/{i['prefix']} MTU {i['mtu']} -> "
@@ -170,6 +180,7 @@ def nccl_probe(stdout: str) -> dict[str, Any]:
 
 class FilterModule:
     def filters(self):
-        return {"fabric_plan": fabric_plan, "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
+        return {"fabric_plan": fabric_plan, "fabric_plan_problem": fabric_plan_problem,
+                "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
                 "fabric_netplan": fabric_netplan, "fabric_nftables": fabric_nftables,
                 "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe}

@@ -80,3 +80,33 @@ def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_invento
     assert runner.stats["changed"] == {}
     plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
     assert "Weights" not in plays
+
+
+def ring_on_two_nodes(inventory):
+    (inventory / "group_vars").mkdir()
+    (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text("---\nsparkfleet_fabric_topology: ring\n")
+    return ("Fabric plan refused (nothing was changed):", "topology ring: found 2 nodes (node0, node1); expected 4 "
+            "(four nodes in a ring, each cage 0 cabled to the next node's cage 1 (one subnet per link)); fix: choose "
+            "the topology that matches the cabling (sparkfleet_fabric_topology)")
+
+
+def fabric_subnet_over_the_management_network(inventory):
+    (inventory / "group_vars").mkdir()
+    (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text("---\nsparkfleet_fabric_prefix: 8\n")
+    management = hosts_of(inventory)["node0"]["ansible_host"]
+    return ("Fabric plan refused (nothing was changed):",
+            f"node0: enp1s0f1np1: found fabric subnet 10.0.0.0/8 overlapping {management.rsplit('.', 1)[0]}.0/24 "
+            f"(the node's {management}/24 on another interface); expected fabric subnets apart from every other "
+            "network; fix: choose another sparkfleet_fabric_supernet or sparkfleet_fabric_subnets")
+
+
+@pytest.mark.parametrize("breakage", [ring_on_two_nodes, fabric_subnet_over_the_management_network])
+def test_a_fabric_that_cannot_be_built_is_refused_before_any_change(breakage, lab_inventory_copy, tmp_path):
+    heading, expected = breakage(lab_inventory_copy)
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+    text = output(runner)
+    assert runner.status == "failed"
+    assert heading in text and expected in [line.strip() for line in text.splitlines()], text[-3000:]
+    assert runner.stats["changed"] == {}
+    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
+    assert plays == {"Preflight"}

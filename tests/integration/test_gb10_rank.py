@@ -72,8 +72,11 @@ def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendere
                   if line and not line.startswith("#"))
     assert worker["VLLM_HOST_IP"] == "192.168.100.11"
     assert worker["NCCL_SOCKET_IFNAME"] == worker["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
-    assert worker["NCCL_IB_HCA"] == "rocep1s0f1"  # the RDMA device behind that interface
-    assert worker["NCCL_IB_DISABLE"] == "0" and worker["NCCL_NET"] == "IB"
+    # the fabric stage's environment: the RoCE device of the cabled cage and its discovered GID index
+    assert worker["NCCL_IB_HCA"] == "rocep1s0f1" and worker["NCCL_IB_GID_INDEX"] == "3"
+    assert worker["NCCL_IB_DISABLE"] == "0" and worker["NCCL_NET"] == "IB" and worker["NCCL_NVLS_ENABLE"] == "0"
+    nccl = rendered("spark-b", "nccl.env")
+    assert all(f"{key}={value}" in nccl.splitlines() for key, value in worker.items() if key.startswith("NCCL_"))
     assert worker["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
     assert worker["SPARKFLEET_NVFP4_KV"] == "1"
     assert worker["HF_HUB_OFFLINE"] == "1"
