@@ -142,7 +142,7 @@ def check_rails(node: str, devices: list[dict[str, Any]], cages: list[int], rail
             problems.append(f"{node}: cage {cage}: found every port down "
                             f"({', '.join(m['name'] + ' ' + m['state'] for m in members)}), cabled cage(s): "
                             f"{active or 'none'}; expected the cable in cage {cage} on every node; fix: move the "
-                            "cable, or set sparkfleet_fabric_cages to the cage that is cabled on all nodes")
+                            "cable, or set sparkfleet_fabric_cage to the cage that is cabled on all nodes")
         elif rails == 2 and len(up) < len(members):
             down = [m for m in members if m["state"] != "ACTIVE"]
             problems.append(f"{node}: cage {cage}: found twin {', '.join(d['name'] + ' ' + d['state'] for d in down)}"
@@ -212,6 +212,7 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
                           f"addresses (a {topology} has one subnet per cable, so no one address reaches every peer); "
                           "fix: remove sparkfleet_fabric_address from the inventory")
     result: dict[str, list[dict[str, Any]]] = {node: [] for node in nodes}
+    slots: list[ipaddress.IPv4Network] = []  # the subnet of each (cable, rail): no two may overlap
     for number, link in enumerate(links):
         for rail in range(rails):
             subnet = networks[number * rails + rail]
@@ -221,6 +222,7 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
                 subnet = _pinned_subnet(nodes, pinned, prefix)
                 length = prefix
                 addresses = {node: pinned[node] for node, _ in link["ends"]}
+            slots.append(subnet)
             for node, node_cage in link["ends"]:
                 result[node].append({
                     "cage": node_cage, "rail": rail, "twin": RAIL_TWINS[rail],
@@ -228,6 +230,13 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
                     "address": addresses[node], "prefix": length, "mtu": mtu,
                     "peers": [{"node": peer, "address": addresses[peer]} for peer, _ in link["ends"] if peer != node],
                 })
+    for i, one in enumerate(slots):
+        for other in slots[i + 1:]:
+            if one.overlaps(other):
+                raise FabricError(f"fabric plan: found {one} and {other} overlapping (the pinned addresses' subnet "
+                                  "and one carved for another cable or rail); expected one subnet of its own per "
+                                  "cable and rail; fix: pin addresses outside sparkfleet_fabric_supernet, or choose "
+                                  "another supernet")
     return result
 
 
@@ -315,13 +324,15 @@ def netplan_config(interfaces: list[dict[str, Any]], renderer: str = "networkd")
     ethernets: dict[str, Any] = {}
     for interface in interfaces:
         entry = ethernets.setdefault(interface["netdev"], {
-            "dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
+            "renderer": renderer, "dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
             "ipv6-address-generation": "eui64", "mtu": interface["mtu"], "addresses": []})
         if entry["mtu"] != interface["mtu"]:
             raise FabricError(f"{interface['netdev']}: found MTU {interface['mtu']} and {entry['mtu']} planned; "
                               "expected one MTU per interface")
         entry["addresses"].append(f"{interface['address']}/{interface['prefix']}")
-    return {"network": {"version": 2, "renderer": renderer, "ethernets": ethernets}}
+    # The renderer per device: a network-level one would become the default of every other netplan file
+    # (a management port without its own renderer would change backend on the next apply).
+    return {"network": {"version": 2, "ethernets": ethernets}}
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -408,8 +419,14 @@ def unmet(links: dict[str, dict[str, Any]], devices: list[dict[str, Any]], expec
         if not link["up"] or link["operstate"] == "down":
             problems.append(f"{name}: found the link {link['operstate']}; expected it up (carrier on the cable)")
         cidr = f"{interface['address']}/{interface['prefix']}"
+        planned = {f"{i['address']}/{i['prefix']}" for i in expect if i["netdev"] == name}
         if cidr not in link["ipv4"]:
             problems.append(f"{name}: found addresses {', '.join(link['ipv4']) or 'none'}; expected {cidr}")
+        elif set(link["ipv4"]) - planned and interface is next(i for i in expect if i["netdev"] == name):
+            extra = ", ".join(sorted(set(link["ipv4"]) - planned))
+            problems.append(f"{name}: found {extra} besides {', '.join(sorted(planned))}; expected only the planned "
+                            "address(es); fix: remove the port's other configuration (an older netplan file such "
+                            "as 40-cx7.yaml, or a NetworkManager profile: nmcli -f NAME,DEVICE connection show)")
         if link["mtu"] != interface["mtu"]:
             problems.append(f"{name}: found MTU {link['mtu']}; expected {interface['mtu']}")
         device = by_netdev.get(name)

@@ -16,6 +16,7 @@ PLAYBOOK = """\
     - role: sparkfleet.cluster.preflight
       vars:
         preflight_check_become: false
+        preflight_check_fabric: false  # this machine has no ConnectX-7 ports to find
   post_tasks:
     - name: Call a module by FQCN
       sparkfleet.cluster.node_facts:

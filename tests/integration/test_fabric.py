@@ -9,6 +9,7 @@ nodes. (The two-node direct cable is the main lab's, converged by every site.yml
 import ipaddress
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -88,8 +89,9 @@ def test_the_plan_is_printed_and_every_cable_is_configured_and_pinged(fabric_lab
     assert_configured(fabric_lab)
     nodes, _ = hosts(fabric_lab)
     for node in nodes:
-        assert f"{node} ({fabric_lab['topology']}):" in said
-        assert "2 unfragmented ping(s) of 8972 bytes answered" in said
+        # each node's own summary: two neighbours on a triangle and on a ring, one ping task each
+        summary = re.search(rf"{node} \({fabric_lab['topology']}\): (.*?) bytes answered", said)
+        assert summary and summary.group(1).endswith("2 unfragmented ping(s) of 8972"), node
         stat = on_node(fabric_lab, node, "stat", "-c", "%a %U", "/etc/netplan/40-sparkfleet-fabric.yaml").stdout
         assert stat.split() == ["600", "root"]
         netplan = yaml.safe_load(on_node(fabric_lab, node, "cat", "/etc/netplan/40-sparkfleet-fabric.yaml").stdout)
@@ -172,11 +174,14 @@ def test_a_drifted_mtu_is_reported_in_check_mode_and_repaired(fabric_lab, tmp_pa
 def test_a_failed_apply_puts_the_previous_configuration_back(fabric_lab, tmp_path):
     netplan = "/etc/netplan/40-sparkfleet-fabric.yaml"
     before = on_node(fabric_lab, "node0", "sha256sum", netplan).stdout
+    # an apply that runs but never brings the new MTU up: the wait gives up, the old file is put back and applied
     failed = run_playbook(tmp_path / "fail", FABRIC, inventory=fabric_lab["inventory"],
-                          extravars={"sparkfleet_fabric_mtu": 8000, "fabric_apply_command": "exit 3"})
+                          extravars={"sparkfleet_fabric_mtu": 8000, "fabric_apply_command": "true",
+                                     "fabric_apply_timeout": 4})
     text = " ".join(output(failed).split())
     assert failed.status == "failed", text[-3000:]
-    assert f"node0: {netplan}: found the new fabric configuration failing" in text
+    assert f"node0: {netplan}: found the fabric configuration failing" in text
+    assert "unmet: enp1s0f0np0: found MTU 9000; expected 8000" in text
     assert "the previous configuration was put back; fix: correct the cause above" in text
     assert on_node(fabric_lab, "node0", "sha256sum", netplan).stdout == before
     assert_configured(fabric_lab)

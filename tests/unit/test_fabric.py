@@ -232,11 +232,14 @@ def test_the_netplan_document_of_a_dual_rail_node():
     plan = fabric.plan(["a", "b"], "direct", rails=2)
     interfaces = [dict(i, netdev=fabric.netdev_name(i["cage"], i["twin"])) for i in plan["a"]]
     document = fabric.netplan_config(interfaces, "NetworkManager")
-    assert document == {"network": {"version": 2, "renderer": "NetworkManager", "ethernets": {
-        "enp1s0f1np1": {"dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
-                        "ipv6-address-generation": "eui64", "mtu": 9000, "addresses": ["10.100.0.1/24"]},
-        "enP2p1s0f1np1": {"dhcp4": False, "dhcp6": False, "accept-ra": False, "link-local": ["ipv6"],
-                          "ipv6-address-generation": "eui64", "mtu": 9000, "addresses": ["10.100.1.1/24"]}}}}
+    # the renderer per device: a network-level key would become every other netplan file's default
+    assert document == {"network": {"version": 2, "ethernets": {
+        "enp1s0f1np1": {"renderer": "NetworkManager", "dhcp4": False, "dhcp6": False, "accept-ra": False,
+                        "link-local": ["ipv6"], "ipv6-address-generation": "eui64", "mtu": 9000,
+                        "addresses": ["10.100.0.1/24"]},
+        "enP2p1s0f1np1": {"renderer": "NetworkManager", "dhcp4": False, "dhcp6": False, "accept-ra": False,
+                          "link-local": ["ipv6"], "ipv6-address-generation": "eui64", "mtu": 9000,
+                          "addresses": ["10.100.1.1/24"]}}}}
     assert "routes" not in str(document) and "gateway" not in str(document)
 
 
@@ -354,3 +357,17 @@ def test_the_firewall_table_fences_the_fabric_and_the_service_ports():
     assert "api_clients" not in no_api and "iifname" not in no_api
     with pytest.raises(ValueError):
         fabric.nft_ruleset([], ["10.100.0.0/24"], [], [873], 8888, ["not-an-address"])
+
+
+def test_a_pinned_subnet_that_overlaps_a_carved_one_is_refused():
+    with pytest.raises(fabric.FabricError, match=r"found 10\.100\.1\.0/24 and 10\.100\.1\.0/24 overlapping"):
+        fabric.plan(["a", "b"], "direct", rails=2, pinned={"a": "10.100.1.10", "b": "10.100.1.11"})
+
+
+def test_an_address_beside_the_planned_one_is_named_with_where_it_comes_from():
+    expect = fabric.plan(["a", "b"], "direct")["a"]
+    links = {"enp1s0f1np1": dict(live_link("10.100.0.1/24"), ipv4=["10.100.0.1/24", "192.168.100.10/24"])}
+    assert fabric.unmet(links, [], expect) == [
+        "enp1s0f1np1: found 192.168.100.10/24 besides 10.100.0.1/24; expected only the planned address(es); fix: "
+        "remove the port's other configuration (an older netplan file such as 40-cx7.yaml, or a NetworkManager "
+        "profile: nmcli -f NAME,DEVICE connection show)"]
