@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, task_names, tiny_model_generator
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names, tiny_model_generator
 from fakehub.server import FakeHub
 
 COMMIT = "3f1d2c4b5a69788796a5b4c3d2e1f00112233445"
@@ -182,8 +182,9 @@ def test_rsync_daemon_transport_serves_the_fabric_and_stops(lab, hub, tmp_path):
 
 
 def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub, tmp_path):
-    fabric = f"{lab['extravars']['lab_name']}-fabric0"  # the lab's one cable
     address = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
+    # the port that holds the fabric address (enp1s0f1np1 in the lab): pulling its cable = its link going down
+    port = on_node(lab, "node1", "ip", "-o", "-4", "addr", "show", "to", f"{address}/32").stdout.split()[1]
     partial = "/var/lib/sparkfleet-it/away/hub/models--test-org--tiny"
     cut = {}
 
@@ -192,7 +193,7 @@ def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub
         while time.monotonic() < deadline:
             progress = on_node(lab, "node1", "cat", "/run/sparkfleet-weights.progress", check=False).stdout
             if '"phase": "pull"' in progress and '"done_bytes": 0,' not in progress:
-                subprocess.run(["docker", "network", "disconnect", fabric, container(lab, "node1")], check=True)
+                on_node(lab, "node1", "ip", "link", "set", port, "down")
                 cut["at"] = progress
                 return
             time.sleep(0.3)
@@ -204,10 +205,7 @@ def test_peer_going_away_mid_transfer_fails_that_peer_and_loses_nothing(lab, hub
         failed = weights(lab, hub, tmp_path, "away", model_weights_bwlimit_kib=2048)
     finally:
         watcher.join()
-        subprocess.run(["docker", "network", "connect", "--ip", address, fabric, container(lab, "node1")],
-                       check=False)
-        # Docker names the cable's interface ethN again; the lab's naming unit gives it its GB10 name back
-        on_node(lab, "node1", "systemctl", "restart", "sparkfleet-lab-cables.service", check=False)
+        on_node(lab, "node1", "ip", "link", "set", port, "up", check=False)
     text = output(failed)
     assert cut, "the pull never started"
     assert failed.status == "failed"
