@@ -12,27 +12,43 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps lab lab-destroy site test lint unit integration molecule host build clean
+.PHONY: help deps kernels-deps lab lab-destroy site test lint unit kernels integration molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
-	@echo "make test         everything CI runs: lint, unit, integration, molecule (timed per stage)"
+	@echo "make test         everything CI runs: lint, unit, kernels, integration, molecule (timed per stage)"
+	@echo "make kernels      the NVFP4 Triton kernels under the interpreter, against their PyTorch reference"
 	@echo "make site         run site.yml against the current inventory (inventory/lab by default)"
 	@echo "make lab-destroy  remove the local lab"
 	@echo "make build        build the collection artifact into build/"
 	@echo "make host         opt-in: node_memory applied for real to THIS machine, then restored"
 	@echo "                  (SPARKFLEET_HOST_SCENARIO=1; CI sets it, its machines are disposable)"
 
+# $(call venv_install,VENV,REQUIREMENTS): the venv with that pinned set, then the stamp ($@) that names the set.
+# The machine's pip configuration may name local index folders that lack a package; pip warns for each.
+define venv_install
+	test -x $(1)/bin/python || python3 -m venv $(1)
+	set -o pipefail; $(1)/bin/pip install --quiet --disable-pip-version-check -r $(2) 2>&1 \
+	  | { grep -v "^WARNING: Location 'file:" || true; }
+	rm -f $(1)/.installed-*
+	touch $@
+endef
+
 deps: $(STAMP)
 
 $(STAMP): requirements.txt scripts/bootstrap-controller
 	scripts/bootstrap-controller
-	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	# The machine's pip configuration may name local index folders that lack a package; pip warns for each.
-	set -o pipefail; $(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt 2>&1 \
-	  | { grep -v "^WARNING: Location 'file:" || true; }
-	rm -f $(VENV)/.installed-*
-	touch $@
+	$(call venv_install,$(VENV),requirements.txt)
+
+# The NVFP4 kernels' tests need torch and Triton (2 GB); they get a venv of their own so `make lab` stays light.
+KVENV := .venv-kernels
+KREQ_HASH := $(shell sha256sum requirements-kernels.txt | cut -c1-12)
+KSTAMP := $(KVENV)/.installed-$(KREQ_HASH)
+
+kernels-deps: $(KSTAMP)
+
+$(KSTAMP): requirements-kernels.txt
+	$(call venv_install,$(KVENV),requirements-kernels.txt)
 
 lab: deps
 	ansible-playbook playbooks/lab.yml -e lab_nodes=$(NODES)
@@ -48,7 +64,7 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 test:
-	@scripts/run-stages deps lint unit integration molecule host
+	@scripts/run-stages deps lint unit kernels integration molecule host
 
 lint: deps
 	ansible-lint
@@ -57,6 +73,10 @@ lint: deps
 
 unit: deps
 	pytest tests/unit
+
+# Triton kernels on CPU tensors under the interpreter, against the PyTorch reference (GPU: files/sparkfleet_nvfp4/bench.py).
+kernels: kernels-deps
+	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider tests/kernels --durations=5
 
 integration: deps
 	pytest tests/integration --durations=25

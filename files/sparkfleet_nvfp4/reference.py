@@ -1,0 +1,138 @@
+"""The NVFP4 KV-cache formats in plain PyTorch: the definition the Triton kernels are tested against.
+
+Written for clarity, not speed; runs on the CPU or a GPU. Every rounding here is IEEE round-to-nearest-even:
+torch's cast to float8_e4m3fn for e4m3, and ties-to-even on the e2m1 grid (what the hardware's cvt.rn.e2m1x2
+does), so a value exactly between two e2m1 magnitudes goes to the one with an even index.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import (
+    E2M1_MAX,
+    E2M1_VALUES,
+    E4M3_MAX,
+    E4M3_MIN,
+    FLT_MIN,
+    FP8_DS_MLA_PAGE_ROWS,
+    FP8_DS_MLA_ROW_BYTES,
+    FP8_DS_MLA_SCALE_OFFSET,
+    FP8_DS_MLA_TILE,
+    FP8_DS_MLA_TILES,
+    LATENT_DIM,
+    NVFP4_CODE_BYTES,
+    NVFP4_GROUP,
+    NVFP4_GROUPS,
+    NVFP4_ROW_BYTES,
+)
+
+# e2m1 magnitude thresholds on |x| / scale: above each boundary the index goes up by one. At a tie the even index
+# wins, so the boundaries after an even index (0.25, 1.25, 2.5, 5.0) need strictly more, the others do not.
+_ROUND_UP_STRICT = (0.25, 1.25, 2.5, 5.0)
+_ROUND_UP_AT_TIE = (0.75, 1.75, 3.5)
+
+
+def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor, correctly rounded. On CUDA, torch divides by a Python number as x * (1 / divisor), which is
+    not the IEEE quotient; a tensor divisor is."""
+    return x / torch.full_like(x, divisor)
+
+
+def e2m1_index(magnitude: torch.Tensor) -> torch.Tensor:
+    """The e2m1 magnitude index (0..7) nearest to each non-negative value, ties to even, saturating at 6."""
+    index = torch.zeros(magnitude.shape, dtype=torch.uint8, device=magnitude.device)
+    for boundary in _ROUND_UP_STRICT:
+        index += (magnitude > boundary).to(torch.uint8)
+    for boundary in _ROUND_UP_AT_TIE:
+        index += (magnitude >= boundary).to(torch.uint8)
+    return index
+
+
+# NaN latents are undefined (the kernels' max ignores NaN where torch's propagates it); +-inf saturate to +-6.
+
+
+def nvfp4_quantize(latent: torch.Tensor) -> torch.Tensor:
+    """[..., 512] float latent -> [..., 288] uint8 NVFP4 rows."""
+    if latent.shape[-1] != LATENT_DIM:
+        raise ValueError(f"latent rows have {latent.shape[-1]} values; expected {LATENT_DIM}")
+    lead = latent.shape[:-1]
+    x = latent.float().reshape(*lead, NVFP4_GROUPS, NVFP4_GROUP)
+    amax = x.abs().amax(dim=-1)
+    scale = _divide(amax, E2M1_MAX).clamp(min=E4M3_MIN, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    # Quantise against the scale as stored, so decoding reproduces the grid the codes were chosen on.
+    q = x / scale.float().unsqueeze(-1)
+    codes = e2m1_index(q.abs()) | (torch.signbit(x).to(torch.uint8) << 3)
+    pairs = codes.reshape(*lead, NVFP4_CODE_BYTES, 2)
+    packed = pairs[..., 0] | (pairs[..., 1] << 4)
+    return torch.cat([packed, scale.view(torch.uint8)], dim=-1)
+
+
+def nvfp4_dequantize(rows: torch.Tensor) -> torch.Tensor:
+    """[..., 288] uint8 NVFP4 rows -> [..., 512] float32 (exact: every product fits in fp32)."""
+    if rows.shape[-1] != NVFP4_ROW_BYTES:
+        raise ValueError(f"NVFP4 rows have {rows.shape[-1]} bytes; expected {NVFP4_ROW_BYTES}")
+    lead = rows.shape[:-1]
+    packed = rows[..., :NVFP4_CODE_BYTES]
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*lead, LATENT_DIM)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=rows.device)
+    magnitude = table[(codes & 0x07).long()]
+    values = torch.where((codes & 0x08) != 0, -magnitude, magnitude)
+    scale = rows[..., NVFP4_CODE_BYTES:].contiguous().view(torch.float8_e4m3fn).float()
+    return (values.reshape(*lead, NVFP4_GROUPS, NVFP4_GROUP) * scale.unsqueeze(-1)).reshape(*lead, LATENT_DIM)
+
+
+def fp8_ds_mla_encode(values: torch.Tensor) -> torch.Tensor:
+    """[..., 512] float32 -> [..., 656] uint8 fp8_ds_mla rows, with vLLM's writer arithmetic and zero RoPE."""
+    lead = values.shape[:-1]
+    tiles = values.float().reshape(*lead, FP8_DS_MLA_TILES, FP8_DS_MLA_TILE)
+    scale = _divide(tiles.abs().amax(dim=-1), E4M3_MAX).clamp(min=FLT_MIN)
+    fp8 = (tiles / scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    out = torch.zeros(*lead, FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8, device=values.device)
+    out[..., :LATENT_DIM] = fp8.view(torch.uint8).reshape(*lead, LATENT_DIM)
+    out[..., FP8_DS_MLA_SCALE_OFFSET : FP8_DS_MLA_SCALE_OFFSET + 16] = scale.contiguous().view(torch.uint8)
+    return out
+
+
+def pool_rows(pool: torch.Tensor) -> int:
+    """How many token rows a [num_blocks, block_size, 288] pool holds."""
+    return pool.shape[0] * pool.shape[1]
+
+
+def write(latent: torch.Tensor, slot_mapping: torch.Tensor, pool: torch.Tensor) -> None:
+    """Quantise [T, 512] latent rows into pool[slot // block_size, slot % block_size]; slots < 0 are skipped."""
+    block_size = pool.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    pool[slots // block_size, slots % block_size] = nvfp4_quantize(latent[keep])
+
+
+def gather(pool: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expand the rows that [T, K] top-k indices select into fp8_ds_mla scratch pages.
+
+    Returns (scratch [P, 64, 656] uint8, tables [T, K] int32). Entry (t, k) goes to scratch row t * K + k and its
+    table entry says so; a negative index is padding (table -1, its scratch row left zero). Indices past the pool
+    are clamped to its last row.
+    """
+    num_tokens, topk = indices.shape
+    block_size = pool.shape[1]
+    flat = indices.reshape(-1).long()
+    valid = flat >= 0
+    src = flat.clamp(0, pool_rows(pool) - 1)
+    rows = fp8_ds_mla_encode(nvfp4_dequantize(pool[src // block_size, src % block_size]))
+    pages = -(-(num_tokens * topk) // FP8_DS_MLA_PAGE_ROWS)
+    scratch = torch.zeros(pages * FP8_DS_MLA_PAGE_ROWS, FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8, device=pool.device)
+    scratch[: num_tokens * topk] = torch.where(valid.unsqueeze(-1), rows, 0)
+    positions = torch.arange(num_tokens * topk, device=pool.device)
+    tables = torch.where(valid, positions, -1).to(torch.int32).reshape(num_tokens, topk)
+    return scratch.reshape(pages, FP8_DS_MLA_PAGE_ROWS, FP8_DS_MLA_ROW_BYTES), tables
+
+
+def resolved(scratch: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """The 656-byte row each (token, k) entry points at, as the attention kernel sees it; zeros for padding.
+
+    Two gathers are equivalent when this is equal for both, however their scratch rows are numbered.
+    """
+    flat = scratch.reshape(-1, FP8_DS_MLA_ROW_BYTES)
+    table = tables.reshape(-1).long()
+    return torch.where((table >= 0)[:, None], flat[table.clamp(min=0)], 0)
