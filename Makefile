@@ -12,12 +12,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps kernels-deps lab lab-destroy site test lint unit kernels integration molecule host build clean
+.PHONY: help deps kernels-deps lab lab-destroy site test lint unit kernels image integration molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
 	@echo "make test         everything CI runs: lint, unit, kernels, integration, molecule (timed per stage)"
 	@echo "make kernels      the NVFP4 Triton kernels under the interpreter, against their PyTorch reference"
+	@echo "make image        the vLLM 0.33.0 seams against its own files; the image built and shipped between engines"
 	@echo "make site         run site.yml against the current inventory (inventory/lab by default)"
 	@echo "make lab-destroy  remove the local lab"
 	@echo "make build        build the collection artifact into build/"
@@ -64,7 +65,7 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 test:
-	@scripts/run-stages deps lint unit kernels integration molecule host
+	@scripts/run-stages deps lint unit kernels image integration molecule host
 
 lint: deps
 	ansible-lint
@@ -73,6 +74,11 @@ lint: deps
 
 unit: deps
 	pytest tests/unit
+
+# The seams against vLLM 0.33.0's own files (its wheel, by version); the image's Dockerfile built FROM a stand-in
+# base (the local Debian image plus those files); the vllm_image role between this engine and a second one.
+image: deps
+	pytest tests/image --durations=10
 
 # Triton kernels on CPU tensors under the interpreter, against the PyTorch reference (GPU: files/sparkfleet_nvfp4/bench.py).
 kernels: kernels-deps

@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="time block shapes instead of the benchmark")
     parser.add_argument("--skip-validation", action="store_true")
+    parser.add_argument("--validate-only", action="store_true",
+                        help="the validation alone, no benchmark (the image's self-test); exit 1 when it fails")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -403,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         print("== kernels with the integer fp8 emulation (what CI runs under TRITON_INTERPRET=1)")
         failed += [f"{name} (emulated)" for name in validate(device)]
         del os.environ["SPARKFLEET_NVFP4_EMULATE"]
+    if args.validate_only:
+        print(f"validation: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+        return 1 if failed or args.skip_validation else 0
     results = benchmark(args, device)
     print_table(results)
     missed = [r["case"] for r in results if r["target_ratio"] and r["ratio"] < r["target_ratio"]]

@@ -52,8 +52,11 @@ class ActionModule(ActionBase):
             if status.get("finished"):
                 self._execute_module("ansible.legacy.async_status", task_vars=task_vars,
                                      module_args={"jid": jid, "mode": "cleanup", "_async_dir": async_dir})
-                for key in ("ansible_job_id", "finished", "started", "results_file", "stdout", "stderr",
-                            "stdout_lines", "stderr_lines"):
+                # The async wrapper's own output is dropped; a command's (it has "cmd") is its result.
+                dropped = ["ansible_job_id", "finished", "started", "results_file"]
+                if "cmd" not in status:
+                    dropped += ["stdout", "stderr", "stdout_lines", "stderr_lines"]
+                for key in dropped:
                     status.pop(key, None)
                 result.update(status)
                 return result

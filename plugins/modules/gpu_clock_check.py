@@ -52,7 +52,7 @@ author:
 EXAMPLES = r"""
 - name: The GPU reaches its clock under load
   sparkfleet.cluster.gpu_clock_check:
-    load: [docker, run, --rm, --gpus, all, vllm-gb10:current, python3, /burn, --seconds, "40"]
+    load: [docker, run, --rm, --gpus, all, sparkfleet/vllm:current, python3, /burn, --seconds, "40"]
 """
 
 RETURN = r"""

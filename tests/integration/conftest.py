@@ -1,39 +1,17 @@
 """A lab of its own for the integration tests, created once per session and removed at the end."""
 
 import os
-import re
 import shutil
 import subprocess
 
-import ansible_runner
 import pytest
 import sourcefile
 import yaml
+from runner import output, run_playbook, task_names  # noqa: F401 (the tests import them from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Another name lets a second test run use a lab of its own beside a running one.
 LAB_NAME = os.environ.get("SPARKFLEET_IT_LAB", "sparkfleet-it")
-
-
-def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None, cwd=None, envvars=None):
-    """Run a playbook the way a user's CI would, through ansible-runner; returns the runner object."""
-    os.makedirs(tmp_dir, exist_ok=True)
-    env = {"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "false"}
-    env.update(envvars or {})
-    kwargs = dict(private_data_dir=str(tmp_dir), playbook=playbook, envvars=env, quiet=True,
-                  extravars=extravars or {}, cmdline=cmdline, project_dir=cwd or ROOT)
-    if inventory:
-        kwargs["inventory"] = inventory
-    return ansible_runner.run(**kwargs)
-
-
-def task_names(runner):
-    return [e["event_data"]["task"] for e in runner.events if e["event"] == "playbook_on_task_start"]
-
-
-def output(runner):
-    """What ansible-playbook printed, without terminal colours."""
-    return re.sub(r"\x1b\[[0-9;]*m", "", runner.stdout.read())
 
 
 @pytest.fixture(scope="session")

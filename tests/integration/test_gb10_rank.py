@@ -47,13 +47,14 @@ def test_worker_runs_the_patched_image_headless_against_the_heads_fabric_address
         assert flags in joined, flags
     assert "--privileged" not in argv
     assert argv[argv.index("--entrypoint") + 1] == "vllm"
-    serve = argv[argv.index("sparkfleet/vllm-gb10:0.33.0-sparkfleet1") + 1:]
+    serve = argv[argv.index("sparkfleet/vllm:current") + 1:]
     assert serve[:2] == ["serve", "/var/lib/sparkfleet/hf/hub/models--o--m/snapshots/0123abcd"]
     options = " ".join(serve)
     for flags in ("--tensor-parallel-size 2", "--nnodes 2", "--node-rank 1", "--master-addr 192.168.100.10",
                   "--master-port 29521", "--distributed-executor-backend mp", "--headless",
                   "--kv-cache-memory-bytes 9060000000", "--max-model-len 900000", "--served-model-name glm-5.3-flash",
-                  "--no-enable-flashinfer-autotune", "--cudagraph-capture-sizes 1 2 4 8 16 32 64"):
+                  "--no-enable-flashinfer-autotune", "--cudagraph-capture-sizes 1 2 4 8 16 32 64",
+                  "--kv-cache-dtype sparkfleet_nvfp4"):
         assert flags in options, flags
     spec = serve[serve.index("--speculative-config") + 1]
     assert json.loads(spec) == {"method": "mtp", "num_speculative_tokens": 3}
@@ -78,7 +79,8 @@ def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendere
     nccl = rendered("spark-b", "nccl.env")
     assert all(f"{key}={value}" in nccl.splitlines() for key, value in worker.items() if key.startswith("NCCL_"))
     assert worker["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
-    assert worker["SPARKFLEET_NVFP4_KV"] == "1"
+    # The image the rank runs, by ID: a new image or a rollback rewrites the file and restarts the ranks.
+    assert worker["SPARKFLEET_IMAGE_ID"] == "sha256:" + "ab" * 32
     assert worker["HF_HUB_OFFLINE"] == "1"
     assert "VLLM_API_KEY" not in worker
     assert "VLLM_API_KEY=key-for-rendering-only" in rendered("spark-a", "vllm.env")

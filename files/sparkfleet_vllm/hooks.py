@@ -1,0 +1,103 @@
+"""What the patched vLLM lines call (see seams.py). Each hook hands back the stock behaviour unless its case holds:
+the NVFP4 hooks unless the layer's KV dtype is sparkfleet_nvfp4, the GB10 fixes unless the device needs them and
+their switch is on. Imported by vLLM's own modules, so it imports torch and the kernels only when first used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .seams import DTYPE
+
+# Bytes per token of an MLA KV row for the dtypes this package adds (vLLM's own are in its spec table).
+STATE_BYTES = {DTYPE: 288}
+# Past this many tokens in one step the gather deduplicates rows (and synchronises); at or below it the
+# fixed-shape path runs, which CUDA graphs can capture (128-token mixed prefill + 16 sequences x 4 slots).
+SYNC_FREE_TOKENS = int(os.environ.get("SPARKFLEET_NVFP4_SYNC_FREE_TOKENS", "192"))
+
+logger = logging.getLogger("vllm.sparkfleet")
+
+
+def switch(name: str) -> bool:
+    """A GB10 fix's switch: on unless its environment variable is 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def write(latent, kv_cache, slot_mapping, kv_cache_dtype: str) -> bool:
+    """Quantise the step's MLA latent into the 288-byte rows; False (stock write runs) for any other dtype."""
+    if kv_cache_dtype != DTYPE:
+        return False
+    if kv_cache.numel() == 0:
+        return True
+    import torch
+    from sparkfleet_nvfp4 import kernels
+
+    kernels.write(latent, slot_mapping.flatten(), kv_cache.view(torch.uint8))
+    return True
+
+
+class _Gather:
+    """Per-layer state of the read hook: the sync-free scratch it owns (one per top-k width and device)."""
+
+    def __init__(self) -> None:
+        from sparkfleet_nvfp4 import kernels
+
+        self.kernels = kernels
+        self.buffers = kernels.SyncFreeBuffers(max_tokens=SYNC_FREE_TOKENS)
+
+    def __call__(self, kv_cache, topk_indices_physical):
+        import torch
+
+        pool = kv_cache.view(torch.uint8)
+        # Allocate the sync-free scratch on the first call, which is vLLM's eager profiling run (more tokens than
+        # the sync-free path takes), never inside a CUDA graph capture; the profiler then counts it.
+        self.buffers.get(topk_indices_physical.shape[1], pool.device)
+        return self.kernels.gather(pool, topk_indices_physical, buffers=self.buffers)
+
+
+# The layers share one gather state: they run one after another, and the attention kernel has consumed a layer's
+# scratch rows before the next layer's gather overwrites them.
+_gather: _Gather | None = None
+
+
+def mqa_inputs(impl, kv_cache, topk_indices_physical):
+    """For the NVFP4 dtype: the selected rows of the 288-byte pool [P, 64, 288] expanded into fp8_ds_mla scratch
+    pages [P', 64, 656], and the tables renumbered to them (-1 stays -1). Stock inputs otherwise."""
+    global _gather
+    if getattr(impl, "kv_cache_dtype", None) != DTYPE:
+        return kv_cache, topk_indices_physical
+    if _gather is None:
+        _gather = _Gather()
+    return _gather(kv_cache, topk_indices_physical)
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def _integrated() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.get_device_properties(torch.cuda.current_device()).is_integrated)
+    except (RuntimeError, AssertionError, AttributeError):
+        return False
+
+
+def uma_startup_ok(snapshot, cache_config, requested: int) -> bool:
+    """On an integrated (unified-memory) GPU with the switch on: log the shortfall and let the engine start."""
+    if not switch("SPARKFLEET_UMA_FREE_MEMORY_WARN") or not _integrated():
+        return False
+    logger.warning(
+        "sparkfleet: free memory on %s at startup is %s of %s GiB, under the utilisation target %s (%s GiB). "
+        "On unified memory the page cache and kernel watermarks hold part of it; starting anyway "
+        "(SPARKFLEET_UMA_FREE_MEMORY_WARN=0 restores the error).",
+        getattr(snapshot, "device_", "the device"), _gib(snapshot.free_memory), _gib(snapshot.total_memory),
+        cache_config.gpu_memory_utilization, _gib(requested))
+    return True
+
+
+def pdl_allowed(major: int) -> bool:
+    """Programmatic dependent launch on SM 9.x and 10.x only, unless the switch is off."""
+    return major in (9, 10) or not switch("SPARKFLEET_PDL_SM9_10_ONLY")
