@@ -76,6 +76,20 @@ def _write_dist_info(site: str, version: str, installed: list[str]) -> None:
         handle.write("\n".join(record) + "\n")
 
 
+def install_packages(context: str, site: str, version: str) -> None:
+    """The two packages copied into a site directory, with the dist-info that names the vLLM entry point."""
+    installed = []
+    for package in PACKAGES:
+        target = os.path.join(site, package)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(os.path.join(context, package), target,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.md"))
+        installed += [os.path.relpath(os.path.join(root, name), site)
+                      for root, _, names in os.walk(target) for name in sorted(names)]
+    _write_dist_info(site, version, installed)
+    print(f"installed {', '.join(PACKAGES)} into {site} with the vllm.general_plugins entry point '{ENTRY_POINT}'")
+
+
 def _run(argv: list[str], what: str) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     sys.stdout.write(proc.stdout)
@@ -97,16 +111,7 @@ def install(context: str, expected: str, base_digest: str, vllm_version: str, re
         raise SystemExit(f"found fingerprint {actual} for this context; the build was labelled {expected or '(none)'};"
                          " pass the fingerprint that `install.py --print-fingerprint` prints for this context")
     site = _site_packages()
-    installed = []
-    for package in PACKAGES:
-        target = os.path.join(site, package)
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(os.path.join(context, package), target,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.md"))
-        installed += [os.path.relpath(os.path.join(root, name), site)
-                      for root, _, names in os.walk(target) for name in sorted(names)]
-    _write_dist_info(site, actual[:12], installed)
-    print(f"installed {', '.join(PACKAGES)} into {site} with the vllm.general_plugins entry point '{ENTRY_POINT}'")
+    install_packages(context, site, actual[:12])
     # The seams, against the base image's own vLLM: applied, then checked as the plugin will check them.
     _run([sys.executable, "-m", "sparkfleet_vllm", "apply"], "applying the seams")
     # Import-time checks, in a fresh interpreter: the packages import and the entry point is visible.
