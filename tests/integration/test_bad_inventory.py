@@ -82,6 +82,22 @@ def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_invento
     assert "Weights" not in plays
 
 
+def test_an_image_base_without_a_digest_is_refused_before_any_change(lab_inventory_copy, tmp_path):
+    """Ranks in Docker need the patched image, built FROM a base pinned by digest: preflight says so first."""
+    (lab_inventory_copy / "group_vars").mkdir()
+    (lab_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
+        "---\nvllm_service_runtime: docker\nvllm_image_base: vllm/vllm-openai:v0.33.0\n")
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+    text = " ".join(output(runner).split())
+    assert runner.status == "failed"
+    assert "vllm_image: found base vllm/vllm-openai:v0.33.0, build node node0 (image nodes node0, node1)" in text, (
+        text[-3000:])
+    assert "expected a base pinned by digest (repository@sha256:<64 hex> or a local image ID" in text
+    assert runner.stats["changed"] == {}
+    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
+    assert plays == {"Preflight"}
+
+
 def ring_on_two_nodes(inventory):
     (inventory / "group_vars").mkdir()
     (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text("---\nsparkfleet_fabric_topology: ring\n")
