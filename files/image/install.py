@@ -40,8 +40,11 @@ def _sources(context: str) -> list[str]:
     return sorted(found)
 
 
-def fingerprint(context: str, base_digest: str, vllm_version: str) -> str:
-    digest = hashlib.sha256(f"base {base_digest}\nvllm {vllm_version}\n".encode())
+def fingerprint(context: str, base_digest: str, vllm_version: str, python: str = "python3",
+                require_torch: int = 1) -> str:
+    """The image's identity: base, vLLM version, the Dockerfile's arguments and every source file."""
+    digest = hashlib.sha256(f"base {base_digest}\nvllm {vllm_version}\npython {python}\n"
+                            f"require_torch {require_torch}\n".encode())
     for path in _sources(context):
         with open(os.path.join(context, path), "rb") as handle:
             digest.update(f"{path} {hashlib.sha256(handle.read()).hexdigest()}\n".encode())
@@ -105,13 +108,14 @@ def _import_checks(require_torch: bool) -> tuple[str, ...]:
     return IMPORT_CHECKS
 
 
-def install(context: str, expected: str, base_digest: str, vllm_version: str, require_torch: bool = True) -> None:
-    actual = fingerprint(context, base_digest, vllm_version)
+def install(context: str, expected: str, base_digest: str, vllm_version: str, python: str = "python3",
+            require_torch: bool = True) -> None:
+    actual = fingerprint(context, base_digest, vllm_version, python, int(require_torch))
     if actual != expected:
         raise SystemExit(f"found fingerprint {actual} for this context; the build was labelled {expected or '(none)'};"
                          " pass the fingerprint that `install.py --print-fingerprint` prints for this context")
     site = _site_packages()
-    install_packages(context, site, actual[:12])
+    install_packages(context, site, f"0+{actual[:12]}")
     # The seams, against the base image's own vLLM: applied, then checked as the plugin will check them.
     _run([sys.executable, "-m", "sparkfleet_vllm", "apply"], "applying the seams")
     # Import-time checks, in a fresh interpreter: the packages import and the entry point is visible.
@@ -135,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-version", required=True)
     parser.add_argument("--fingerprint", default="", help="the fingerprint the image is labelled with")
     parser.add_argument("--print-fingerprint", action="store_true")
+    parser.add_argument("--python", default="python3", help="the Dockerfile's PYTHON argument (fingerprinted)")
     parser.add_argument("--require-torch", type=int, choices=(0, 1), default=1,
                         help="0 lets a stand-in base without torch pass the import checks of the other modules")
     args = parser.parse_args(argv)
     if args.print_fingerprint:
-        print(fingerprint(args.context, args.base_digest, args.vllm_version))
+        print(fingerprint(args.context, args.base_digest, args.vllm_version, args.python, args.require_torch))
         return 0
-    install(args.context, args.fingerprint, args.base_digest, args.vllm_version, bool(args.require_torch))
+    install(args.context, args.fingerprint, args.base_digest, args.vllm_version, args.python,
+            bool(args.require_torch))
     return 0
 
 

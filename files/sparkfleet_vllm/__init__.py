@@ -6,8 +6,9 @@ image is built (``python -m sparkfleet_vllm apply``); here each process checks t
 pinned release with every seam in place, then registers the KV dtype ``sparkfleet_nvfp4``.
 
 Fail closed, inert otherwise: when a check fails, the dtype is registered as a tripwire whose first use raises the
-seam's error, so an engine that selects it stops before it allocates a cache, while one that selects any stock
-dtype runs as stock vLLM would (with a logged error). Registering twice in one process does nothing.
+seam's error, so an engine that selects it stops before it allocates a cache, while one that selects a stock
+dtype starts (with a logged error): the NVFP4 hooks hand stock dtypes their inputs untouched, and only the GB10
+fixes (hooks.py, each behind its switch) still act. Registering twice in one process does nothing.
 """
 
 from __future__ import annotations
@@ -53,12 +54,17 @@ def _handler_class(error: SeamError | None):
 
 
 def register() -> None:
-    """The vLLM plugin entry point."""
+    """The vLLM plugin entry point. Never raises: vLLM calls it unguarded in every process, stock ones included."""
     global _problem, _registered
     if _registered:
         return
-    from vllm.config import cache
-
+    _registered = True
+    try:
+        from vllm.config import cache
+    except Exception as exc:  # an import failure of vLLM itself is vLLM's to report
+        logger.error("sparkfleet: vllm.config.cache does not import (%s); --kv-cache-dtype %s is not available",
+                     exc, DTYPE)
+        return
     if not hasattr(cache, "register_kv_cache_dtype"):
         import vllm
 
@@ -66,11 +72,9 @@ def register() -> None:
                              "no register_kv_cache_dtype", f"use vLLM {PINNED_VERSION}",
                              "vLLM's KV-cache dtype registration API")
         logger.error("%s; --kv-cache-dtype %s is not available", _problem, DTYPE)
-        _registered = True
         return
     existing = cache.get_kv_cache_dtype_handler(DTYPE)
     if existing is not None and getattr(existing, "sparkfleet", False):
-        _registered = True
         return
     try:
         states = check(find_vllm())
@@ -80,8 +84,17 @@ def register() -> None:
                             "build the image with `python -m sparkfleet_vllm apply`", "every seam applied")
     except SeamError as exc:
         _problem = exc
-        logger.error("%s; --kv-cache-dtype %s will refuse to start, stock dtypes run unpatched", exc, DTYPE)
-    cache.register_kv_cache_dtype(DTYPE)(_handler_class(_problem))
-    _registered = True
+    except Exception as exc:  # any other surprise while checking fails closed the same way
+        _problem = SeamError("check", "vllm", "unknown", f"{type(exc).__name__}: {exc}",
+                             "report it with the image's fingerprint", "readable vLLM sources")
+    if _problem is not None:
+        logger.error("%s; --kv-cache-dtype %s will refuse to start; stock dtypes run without the NVFP4 hooks",
+                     _problem, DTYPE)
+    try:
+        cache.register_kv_cache_dtype(DTYPE)(_handler_class(_problem))
+    except Exception as exc:
+        logger.error("sparkfleet: registering --kv-cache-dtype %s failed (%s: %s); it is not available",
+                     DTYPE, type(exc).__name__, exc)
+        return
     if _problem is None:
         logger.info("sparkfleet: vLLM %s, every seam in place; --kv-cache-dtype %s available", PINNED_VERSION, DTYPE)

@@ -24,10 +24,16 @@ def switch(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def write(latent, kv_cache, slot_mapping, kv_cache_dtype: str) -> bool:
-    """Quantise the step's MLA latent into the 288-byte rows; False (stock write runs) for any other dtype."""
+def write(latent, k_pe, kv_cache, slot_mapping, kv_cache_dtype: str) -> bool:
+    """Quantise the step's MLA latent into the 288-byte rows; False (stock write runs) for any other dtype.
+
+    The row has no room for RoPE: a model with a RoPE part (k_pe wider than 0) is refused, never truncated."""
     if kv_cache_dtype != DTYPE:
         return False
+    if k_pe is not None and k_pe.shape[-1] != 0:
+        raise ValueError(f"--kv-cache-dtype {DTYPE}: found a RoPE key part of width {k_pe.shape[-1]}; expected a "
+                         "NoPE MLA model (GLM-5.3-Flash: qk_rope_head_dim 0), whose latent is all the row stores; "
+                         "fix: use fp8_ds_mla for this model")
     if kv_cache.numel() == 0:
         return True
     import torch
@@ -50,9 +56,17 @@ class _Gather:
         import torch
 
         pool = kv_cache.view(torch.uint8)
-        # Allocate the sync-free scratch on the first call, which is vLLM's eager profiling run (more tokens than
-        # the sync-free path takes), never inside a CUDA graph capture; the profiler then counts it.
-        self.buffers.get(topk_indices_physical.shape[1], pool.device)
+        tokens, topk = topk_indices_physical.shape
+        if tokens > self.buffers.max_tokens and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{DTYPE}: found a CUDA graph captured for {tokens} tokens; expected at most {self.buffers.max_tokens} "
+                "(above that the gather deduplicates rows, which synchronises); fix: cap --cudagraph-capture-sizes "
+                f"at {self.buffers.max_tokens} or raise SPARKFLEET_NVFP4_SYNC_FREE_TOKENS")
+        # The persistent scratch (SYNC_FREE_TOKENS x top-k rows of 656 B: 274 MB at 192 x 2176) is allocated on
+        # the first call. vLLM's memory profiling runs without attention metadata and never gets here, so it is
+        # outside the KV budget: the profiles' runtime_bytes leave room for it. The first call is the eager
+        # warm-up before CUDA graph capture, so the allocation never happens inside a capture.
+        self.buffers.get(topk, pool.device)
         return self.kernels.gather(pool, topk_indices_physical, buffers=self.buffers)
 
 

@@ -99,7 +99,7 @@ SEAMS: tuple[Seam, ...] = (
     )),
     Seam("write", "the cache write quantises to 288-byte NVFP4 rows (the stock op needs 656-byte rows)", (
         Edit("v1/attention/backend.py", ("ops.concat_and_cache_mla(",), "before",
-             (f"if {HOOKS}.write(kv_c_normed, kv_cache, slot_mapping, kv_cache_dtype):", "    return")),
+             (f"if {HOOKS}.write(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype):", "    return")),
     )),
     Seam("read", "the top-k rows are gathered into fp8_ds_mla scratch pages before the SM120 kernel reads them", (
         Edit(_SM120, ("sparse_capacity = topk_indices_physical.shape[1]",), "before",

@@ -30,12 +30,13 @@ def check_hooks(device: str) -> list[str]:
     latent = bench.random_latent(rows, torch.bfloat16, device)
     slots = torch.arange(rows, device=device)
     print("the plugin's hooks (as vLLM 0.33.0 calls them)")
-    written = hooks.write(latent, pool, slots, DTYPE)
+    nope = torch.empty(rows, 1, 0, device=device)  # k_pe of a NoPE model, as vLLM hands it
+    written = hooks.write(latent, nope, pool, slots, DTYPE)
     want = torch.zeros_like(pool)
     reference.write(latent, slots, want)
     checks.check("write hook == reference", written and torch.equal(pool, want), bench.difference(pool, want))
     untouched = torch.zeros(4, 64, 656, dtype=torch.uint8, device=device)
-    checks.check("write hook leaves fp8_ds_mla to vLLM", not hooks.write(latent[:8], untouched, slots[:8],
+    checks.check("write hook leaves fp8_ds_mla to vLLM", not hooks.write(latent[:8], nope[:8], untouched, slots[:8],
                                                                            "fp8_ds_mla") and not untouched.any())
 
     impl = SimpleNamespace(kv_cache_dtype=DTYPE)

@@ -69,7 +69,8 @@ SECOND_ENGINE_DATA = "/var/lib/sparkfleet-test-engine"
 
 
 def docker(*argv, host=None, check=True, timeout=900, input_text=None):
-    env = dict(os.environ)
+    # The classic builder, as Docker 20.10 uses by default: its step output is what the tests read.
+    env = dict(os.environ, DOCKER_BUILDKIT="0")
     if host:
         env["DOCKER_HOST"] = host
     proc = subprocess.run(["docker", *argv], capture_output=True, text=True, check=False, timeout=timeout,

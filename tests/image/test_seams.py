@@ -84,7 +84,7 @@ def test_the_edits_sit_where_they_act(vllm_copy):
     assert sm120.index("hooks.mqa_inputs(self, kv_cache, topk_indices_physical)") < sm120.index(
         "kv_cache=kv_cache.view(torch.uint8).unsqueeze(1),")
     backend = read(vllm_copy, "v1/attention/backend.py")
-    hook = backend.index("hooks.write(kv_c_normed, kv_cache, slot_mapping, kv_cache_dtype)")
+    hook = backend.index("hooks.write(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype)")
     assert backend.index("def do_kv_cache_update(") < hook < backend.index("ops.concat_and_cache_mla(")
     # The SM120 backend's list of KV dtypes gained ours, inside the SM120 class.
     listing = read(vllm_copy, "v1/attention/backends/mla/flashinfer_mla_sparse.py")
@@ -92,9 +92,11 @@ def test_the_edits_sit_where_they_act(vllm_copy):
     assert listing.index("hooks.DTYPE,  # sparkfleet:sm120_admit") > sm120_class
 
 
-@pytest.mark.parametrize("seam", EDITING, ids=[s.name for s in EDITING])
-def test_a_drifted_anchor_fails_closed_naming_the_seam(vllm_copy, seam):
-    edit = next(e for e in seam.edits if e.action != "check")
+EDITS = [(seam, edit) for seam in EDITING for edit in seam.edits if edit.action != "check"]
+
+
+@pytest.mark.parametrize("seam,edit", EDITS, ids=[f"{s.name}-{i}" for i, (s, _) in enumerate(EDITS)])
+def test_a_drifted_anchor_fails_closed_naming_the_seam(vllm_copy, seam, edit):
     lines = read(vllm_copy, edit.path).splitlines(keepends=True)
     last = seams._find([line.strip() for line in lines], edit.anchor)[0] + len(edit.anchor) - 1
     lines[last] = lines[last].rstrip("\n") + "  # upstream moved this\n"

@@ -12,6 +12,8 @@ from sparkfleet_nvfp4.layout import NVFP4_ROW_BYTES
 from sparkfleet_vllm import hooks
 from test_nvfp4 import BLOCK, filled_pool, latent_rows, topk_indices
 
+NOPE = torch.empty(70, 1, 0)  # GLM-5.3-Flash's k_pe as vLLM hands it: [T, 1, 0]
+
 
 def test_write_fills_the_288_byte_rows_for_the_nvfp4_dtype_only() -> None:
     latent = latent_rows(70)
@@ -20,14 +22,16 @@ def test_write_fills_the_288_byte_rows_for_the_nvfp4_dtype_only() -> None:
     pool = torch.zeros(4, BLOCK, NVFP4_ROW_BYTES, dtype=torch.uint8)
     want = pool.clone()
     reference.write(latent, slots, want)
-    assert hooks.write(latent, pool, slots.view(70, 1), "sparkfleet_nvfp4") is True
+    assert hooks.write(latent, NOPE, pool, slots.view(70, 1), "sparkfleet_nvfp4") is True
     assert torch.equal(pool, want)
 
     stock = torch.zeros(4, BLOCK, 656, dtype=torch.uint8)
-    assert hooks.write(latent, stock, slots, "fp8_ds_mla") is False
+    assert hooks.write(latent, NOPE, stock, slots, "fp8_ds_mla") is False
     assert not stock.any()
-    assert hooks.write(latent, torch.empty(0, BLOCK, NVFP4_ROW_BYTES, dtype=torch.uint8), slots,
+    assert hooks.write(latent, NOPE, torch.empty(0, BLOCK, NVFP4_ROW_BYTES, dtype=torch.uint8), slots,
                        "sparkfleet_nvfp4") is True
+    with pytest.raises(ValueError, match="found a RoPE key part of width 64; expected a NoPE MLA model"):
+        hooks.write(latent, torch.zeros(70, 1, 64), pool, slots, "sparkfleet_nvfp4")
 
 
 @pytest.mark.parametrize("tokens", [3, 193])
