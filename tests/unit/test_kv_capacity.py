@@ -192,7 +192,7 @@ def test_a_kv_dtype_the_profile_has_no_size_for():
 
 def test_plan_lines_for_people():
     lines = kv_plan(load("glm-5.3-flash-nvfp4-tp2"), 2)["lines"]
-    assert lines[0].startswith("KV nvfp4: ")
+    assert lines[0].startswith("KV sparkfleet_nvfp4: 3,555 B/token per rank")
     assert "3 speculative tokens" in lines[0]
     assert "lanes 200K x" in lines[1] and "1000K n/a" in lines[1]  # max_model_len 900K
 
