@@ -24,9 +24,9 @@ def fingerprint(base_digest, require_torch=0, version="0.33.0"):
 
 
 def build(base, tag, fp, *extra):
-    return docker("build", "--file", os.path.join(FILES, "image", "Dockerfile"), "--build-arg", f"BASE_IMAGE={base}",
-                  "--build-arg", f"BASE_DIGEST={base}", "--build-arg", f"FINGERPRINT={fp}", *extra,
-                  "--tag", tag, FILES, check=False)
+    return docker("build", "--force-rm", "--file", os.path.join(FILES, "image", "Dockerfile"),
+                  "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"BASE_DIGEST={base}",
+                  "--build-arg", f"FINGERPRINT={fp}", *extra, "--tag", tag, FILES, check=False)
 
 
 def derived_base(base, tag, *run):
