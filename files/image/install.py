@@ -51,14 +51,6 @@ def fingerprint(context: str, base_digest: str, vllm_version: str, python: str =
     return digest.hexdigest()
 
 
-def _site_packages() -> str:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"found no vllm package for {sys.executable}; expected the base image's vLLM; "
-                         "build FROM an image with vLLM installed (set the role's vllm_image_base)")
-    return os.path.dirname(next(iter(spec.submodule_search_locations)))
-
-
 def _write_dist_info(site: str, version: str, installed: list[str]) -> None:
     """A minimal installed distribution: what importlib.metadata needs to find the vLLM entry point."""
     info = os.path.join(site, f"{DIST_NAME}-{version}.dist-info")
@@ -114,7 +106,11 @@ def install(context: str, expected: str, base_digest: str, vllm_version: str, py
     if actual != expected:
         raise SystemExit(f"found fingerprint {actual} for this context; the build was labelled {expected or '(none)'};"
                          " pass the fingerprint that `install.py --print-fingerprint` prints for this context")
-    site = _site_packages()
+    # The plugin's own lookup of the base's vLLM (standard library only, so it runs before the install).
+    sys.path.insert(0, context)
+    from sparkfleet_vllm.seams import find_vllm
+
+    site = os.path.dirname(find_vllm())
     install_packages(context, site, f"0+{actual[:12]}")
     # The seams, against the base image's own vLLM: applied, then checked as the plugin will check them.
     _run([sys.executable, "-m", "sparkfleet_vllm", "apply"], "applying the seams")

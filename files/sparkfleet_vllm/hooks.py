@@ -44,7 +44,7 @@ def write(latent, k_pe, kv_cache, slot_mapping, kv_cache_dtype: str) -> bool:
 
 
 class _Gather:
-    """Per-layer state of the read hook: the sync-free scratch it owns (one per top-k width and device)."""
+    """The read hook's state, shared by every layer: the sync-free scratch (one per top-k width and device)."""
 
     def __init__(self) -> None:
         from sparkfleet_nvfp4 import kernels

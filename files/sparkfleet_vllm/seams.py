@@ -144,15 +144,16 @@ def _state(seam: Seam, edit: Edit, stripped: list[str], version: str) -> str:
     """'applied' or 'pending' for one edit in a file's stripped lines; anything else raises."""
     patched = _find(stripped, edit.patched_form(seam.name))
     anchored = _find(stripped, edit.anchor)
+    marked = any(line.endswith(MARK + seam.name) for line in stripped)
     # An insertion keeps a one-line anchor and splits a longer one; a replacement removes it.
     if edit.action == "check":
         if len(anchored) == 1:
             return "applied"
     elif len(patched) == 1 and len(anchored) <= (0 if edit.action == "replace" else 1):
         return "applied"
-    elif not patched and len(anchored) == 1 and not any(line.endswith(MARK + seam.name) for line in stripped):
+    elif not patched and len(anchored) == 1 and not marked:
         return "pending"
-    if patched or any(line.endswith(MARK + seam.name) for line in stripped):
+    if patched or marked:
         found = f"the edit {len(patched)} times and the anchor {len(anchored)} times"
         fix = "rebuild the image from an unmodified vLLM"
     else:
@@ -179,7 +180,7 @@ def _read(vllm_dir: str, seam: Seam, path: str, version: str) -> list[str]:
                         f"point at the vllm package directory of vLLM {PINNED_VERSION}", "the file") from None
 
 
-def _check_version(vllm_dir: str, version: str) -> None:
+def _check_version(version: str) -> None:
     if version != PINNED_VERSION:
         raise SeamError("version", "_version.py", version, f"version {version}",
                         f"build the image FROM a vLLM {PINNED_VERSION} base, or port the seams to {version}",
@@ -189,7 +190,7 @@ def _check_version(vllm_dir: str, version: str) -> None:
 def check(vllm_dir: str, seams: tuple[Seam, ...] = SEAMS) -> dict[str, str]:
     """Each seam's state in an installed vLLM: 'applied' or 'pending'; a drifted or half-applied seam raises."""
     version = vllm_version(vllm_dir)
-    _check_version(vllm_dir, version)
+    _check_version(version)
     states: dict[str, str] = {}
     for path, edits in _files(seams).items():
         stripped = _strip(_read(vllm_dir, edits[0][0], path, version))
@@ -221,11 +222,12 @@ def _apply_edit(seam: Seam, edit: Edit, lines: list[str], version: str) -> list[
 def patch(vllm_dir: str, seams: tuple[Seam, ...] = SEAMS) -> dict[str, str]:
     """The edited text of every file with a pending edit (nothing is written); {} when all are applied."""
     version = vllm_version(vllm_dir)
-    _check_version(vllm_dir, version)
+    _check_version(version)
     texts: dict[str, str] = {}
     for path, edits in _files(seams).items():
         lines = _read(vllm_dir, edits[0][0], path, version)
-        states = [_state(seam, edit, _strip(lines), version) for seam, edit in edits]
+        stripped = _strip(lines)
+        states = [_state(seam, edit, stripped, version) for seam, edit in edits]
         if "pending" not in states:
             continue
         for (seam, edit), state in zip(edits, states, strict=True):

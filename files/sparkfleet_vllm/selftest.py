@@ -41,7 +41,7 @@ def check_hooks(device: str) -> list[str]:
 
     impl = SimpleNamespace(kv_cache_dtype=DTYPE)
     as_float8 = pool.view(torch.float8_e4m3fn)
-    # vLLM's profiling run comes first, eager, with a whole prefill chunk: the dedup path, and the allocation.
+    # An eager step with a whole prefill chunk comes first, as in vLLM's warm-up: the dedup path, and the allocation.
     big = bench.random_indices(2048, TOPK_WIDTH, rows, device, padding=True)
     scratch, tables = hooks.mqa_inputs(impl, as_float8, big)
     ok = torch.equal(reference.resolved(scratch, tables), reference.resolved(*reference.gather(pool, big)))
