@@ -16,7 +16,10 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
-	@echo "make test         everything CI runs: lint, unit, kernels, integration, molecule (timed per stage)"
+	@echo "make test         everything CI runs: lint, unit, kernels, image, integration (with molecule's site"
+	@echo "                  scenario on its lab), host (timed per stage)"
+	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, idempotence,"
+	@echo "                  verify, destroy)"
 	@echo "make kernels      the NVFP4 Triton kernels under the interpreter, against their PyTorch reference"
 	@echo "make image        the vLLM 0.33.0 seams against its own files; the image built and shipped between engines"
 	@echo "make site         run site.yml against the current inventory (inventory/lab by default)"
@@ -65,7 +68,7 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 test:
-	@scripts/run-stages deps lint unit kernels image integration molecule host
+	@scripts/run-stages deps lint unit kernels image integration host
 
 lint: deps
 	ansible-lint
@@ -84,6 +87,8 @@ image: deps
 kernels: kernels-deps
 	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider tests/kernels --durations=5
 
+# One session: the labs are shared between the tests (see tests/integration/conftest.py), and molecule's site
+# scenario runs there on the 2-node lab instead of on a lab of its own.
 integration: deps
 	pytest tests/integration --durations=25
 

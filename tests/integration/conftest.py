@@ -1,6 +1,14 @@
-"""A lab of its own for the integration tests, created once per session and removed at the end."""
+"""The integration tests' labs, each created once per session and removed at the end, and the order the tests
+run in so that they can share them.
+
+One 2-node lab (`lab`) serves: molecule's own site scenario runs on it first (a --check run on fresh nodes, then
+converge, idempotence and verify; the `site` fixture), and every later test starts from that converged, serving
+lab. The fabric topologies (`fabric_lab_of`) each get one bare-port lab, converged once through the preflight,
+node and fabric stages and shared by the fabric, node and container-runtime tests.
+"""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -14,19 +22,147 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAB_NAME = os.environ.get("SPARKFLEET_IT_LAB", "sparkfleet-it")
 
 
+LAB_PLAYBOOK = os.path.join(ROOT, "playbooks/lab.yml")
+SITE = os.path.join(ROOT, "site.yml")
+# The fabric topologies with a lab of their own, and their node counts.
+TOPOLOGIES = {"triangle": 3, "ring": 4}
+
+
+class Labs:
+    """The session's labs by key ("main" or a topology): created on first use, removed after the last test that
+    uses each (so that two labs' nodes are not kept running side by side for nothing) or at the session's end."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.made, self.failed = {}, {}
+        self.last_user = {}  # key -> nodeid of the last collected test that uses that lab
+
+    def get(self, key):
+        if key in self.failed:
+            pytest.fail(self.failed[key])
+        if key not in self.made:
+            base = self.tmp_path_factory.mktemp(key)
+            extravars = {"lab_name": LAB_NAME if key == "main" else f"{LAB_NAME}-{key}",
+                         "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
+            if key != "main":
+                extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
+            lab = {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base,
+                   "topology": key}
+            self.made[key] = lab  # before it exists: a half-made lab is removed too
+            created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
+            if created.status != "successful":
+                self.failed[key] = f"creating the {key} lab failed:\n" + output(created)[-4000:]
+                pytest.fail(self.failed[key])
+            if key != "main":  # the bare ports come back only through the fabric stage
+                converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
+                                        cmdline="--tags preflight,node,fabric")
+                lab["converge"] = output(converge)
+                if converge.status != "successful":
+                    self.failed[key] = f"converging the {key} lab failed:\n" + lab["converge"][-5000:]
+                    pytest.fail(self.failed[key])
+        return self.made[key]
+
+    def release(self, key):
+        lab = self.made.pop(key, None)
+        if lab is None:
+            return
+        removed = run_playbook(lab["base"] / "destroy", LAB_PLAYBOOK,
+                               extravars=dict(lab["extravars"], lab_state="absent"))
+        assert removed.status == "successful", output(removed)[-4000:]
+
+
+LABS = []  # the session's Labs, for the hooks below
+
+
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory):
-    """The lab's inventory file; the lab is created with 2 nodes and removed after the session."""
-    base = tmp_path_factory.mktemp("lab")
-    extravars = {"lab_name": LAB_NAME, "lab_inventory_dir": str(base / "inventory"),
-                 "lab_state_dir": str(base / "state")}
-    created = run_playbook(base / "create", os.path.join(ROOT, "playbooks/lab.yml"), extravars=extravars)
-    if created.status != "successful":
-        pytest.fail("creating the lab failed:\n" + output(created)[-4000:])
-    yield {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base}
-    removed = run_playbook(base / "destroy", os.path.join(ROOT, "playbooks/lab.yml"),
-                           extravars=dict(extravars, lab_state="absent"))
-    assert removed.status == "successful", output(removed)[-4000:]
+def labs(tmp_path_factory):
+    made = Labs(tmp_path_factory)
+    made.last_user = LAST_USER
+    LABS.append(made)
+    yield made
+    LABS.remove(made)
+    for key in list(made.made):
+        made.release(key)
+
+
+@pytest.fixture(scope="session")
+def lab(labs):
+    """The 2-node lab (direct cable): its inventory file, extravars and base directory."""
+    return labs.get("main")
+
+
+@pytest.fixture(scope="module")
+def fabric_lab(request, labs):
+    """The bare-port lab of a topology (the test's parameter, "ring" by default), converged once through
+    site.yml's preflight, node and fabric stages; lab["converge"] holds that run's output."""
+    return labs.get(getattr(request, "param", "ring"))
+
+
+def labs_used(item):
+    """The keys of the labs a collected test uses."""
+    names = set(item.fixturenames)
+    used = {"main"} if "lab" in names else set()
+    if "fabric_lab" in names:
+        callspec = getattr(item, "callspec", None)
+        used.add(callspec.params.get("fabric_lab", "ring") if callspec else "ring")
+    return used
+
+
+LAST_USER = {}
+
+
+# Modules in the order they run: the ones without a lab first (their boots and builds do not wait for a lab), then
+# the 2-node lab while its nodes are fresh (the lab playbook, preflight refusals), molecule's site scenario and
+# the serving tests on it, the weights stage beside the running group, the lab growing to 3 nodes last (it
+# re-plans the lab); then the fabric topologies' labs. Within a module pytest's own order is kept.
+MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_collection_build", "test_gb10_rank",
+                "test_lab", "test_bad_inventory", "test_serve", "test_weights", "test_lab_grow", "test_fabric",
+                "test_node", "test_container_runtime")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter and any deselection
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+    items.sort(key=rank)  # stable: each module keeps its own order
+    LAST_USER.clear()
+    for item in items:
+        for key in labs_used(item):
+            LAST_USER[key] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A lab goes as soon as the last test that uses it is done (a -k selection keeps it to the session's end)."""
+    for made in LABS:
+        for key, nodeid in made.last_user.items():
+            if nodeid == item.nodeid and nextitem is not None:
+                made.release(key)
+
+
+def molecule(lab, step_args, base):
+    """Run molecule's site scenario against the session lab; returns (returncode, output)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(SPARKFLEET_LAB_NAME=lab["extravars"]["lab_name"],
+               SPARKFLEET_LAB_INVENTORY_DIR=lab["extravars"]["lab_inventory_dir"],
+               SPARKFLEET_LAB_STATE_DIR=lab["extravars"]["lab_state_dir"],
+               MOLECULE_EPHEMERAL_DIRECTORY=str(base / "molecule"), ANSIBLE_FORCE_COLOR="false", PY_COLORS="0")
+    proc = subprocess.run(["molecule", *step_args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=False, timeout=3600)
+    return proc.returncode, re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def site(lab):
+    """site.yml converged and serving on the session lab, through molecule's own site scenario: create (the lab
+    exists, so its playbook must change nothing), a --check run on the still fresh nodes, converge, a second
+    converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests that follow.
+    Returns molecule's output, which holds the converge's."""
+    code, text = molecule(lab, ["test", "-s", "site", "--destroy", "never"], lab["base"])
+    if code != 0:
+        pytest.fail(f"molecule's site scenario failed on the lab (exit {code}):\n{text[-8000:]}")
+    return text
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The container_runtime role against Debian's docker.io, really installed and running in a lab node.
+"""The container_runtime role against Debian's docker.io, really installed and running in a lab node (the ring
+lab's last node, once the fabric and node tests are done with it).
 
 Lab nodes are unprivileged systemd containers with SYS_ADMIN and NET_ADMIN: dockerd 20.10 runs there on the vfs
 storage driver. The role installs it, merges daemon.json (keeping what the admin had), restarts the engine
@@ -13,7 +14,7 @@ import yaml
 from conftest import ROOT, on_node, output, run_playbook
 
 PLAYBOOK = os.path.join(ROOT, "tests/integration/playbooks/container_runtime.yml")
-NODE = "node1"
+NODE = "node3"  # on the ring lab, after its fabric and node tests
 ADMIN_KEYS = {"debug": True, "log-opts": {"labels": "rank"}}
 
 
@@ -40,41 +41,43 @@ def log_config_of_a_new_container(lab):
 
 
 @pytest.fixture(scope="module")
-def converged(lab, tmp_path_factory):
+def converged(fabric_lab, tmp_path_factory):
     # An admin's own daemon.json from before sparkfleet.
-    on_node(lab, NODE, "sh", "-c", f"mkdir -p /etc/docker && echo '{json.dumps(ADMIN_KEYS)}' > /etc/docker/daemon.json")
-    return converge(lab, tmp_path_factory.mktemp("runtime"), "converge")
+    on_node(fabric_lab, NODE, "sh", "-c",
+            f"mkdir -p /etc/docker && echo '{json.dumps(ADMIN_KEYS)}' > /etc/docker/daemon.json")
+    return converge(fabric_lab, tmp_path_factory.mktemp("runtime"), "converge")
 
 
-def test_the_engine_runs_with_the_merged_configuration(converged, lab):
-    assert daemon_json(lab) == {"debug": True, "log-driver": "json-file",
+def test_the_engine_runs_with_the_merged_configuration(converged, fabric_lab):
+    assert daemon_json(fabric_lab) == {"debug": True, "log-driver": "json-file",
                                 "log-opts": {"labels": "rank", "max-size": "100m", "max-file": "3"}}
-    assert on_node(lab, NODE, "systemctl", "is-active", "docker").stdout.strip() == "active"
-    info = on_node(lab, NODE, "docker", "info", "--format", "{{.LoggingDriver}} {{.Debug}}").stdout
+    assert on_node(fabric_lab, NODE, "systemctl", "is-active", "docker").stdout.strip() == "active"
+    info = on_node(fabric_lab, NODE, "docker", "info", "--format", "{{.LoggingDriver}} {{.Debug}}").stdout
     assert info.split() == ["json-file", "true"]
-    assert log_config_of_a_new_container(lab) == {
+    assert log_config_of_a_new_container(fabric_lab) == {
         "Type": "json-file", "Config": {"labels": "rank", "max-file": "3", "max-size": "100m"}}
 
 
-def test_the_admin_user_runs_docker_without_sudo(converged, lab):
-    with open(lab["inventory"], encoding="utf-8") as handle:
+def test_the_admin_user_runs_docker_without_sudo(converged, fabric_lab):
+    with open(fabric_lab["inventory"], encoding="utf-8") as handle:
         user = yaml.safe_load(handle)["all"]["children"]["sparkfleet_cluster"]["vars"]["ansible_user"]
     assert user != "root"
-    assert "docker" in on_node(lab, NODE, "id", "-nG", user).stdout.split()
-    version = on_node(lab, NODE, "runuser", "-u", user, "--", "docker", "version", "--format", "{{.Server.Version}}")
+    assert "docker" in on_node(fabric_lab, NODE, "id", "-nG", user).stdout.split()
+    version = on_node(fabric_lab, NODE, "runuser", "-u", user, "--", "docker", "version", "--format",
+                      "{{.Server.Version}}")
     assert version.stdout.startswith("20.10.")
 
 
-def test_a_second_run_and_a_check_run_change_nothing(converged, lab, tmp_path):
-    assert converge(lab, tmp_path, "again").stats["changed"] == {}
-    assert converge(lab, tmp_path, "check", cmdline="--check").stats["changed"] == {}
+def test_a_second_run_and_a_check_run_change_nothing(converged, fabric_lab, tmp_path):
+    assert converge(fabric_lab, tmp_path, "again").stats["changed"] == {}
+    assert converge(fabric_lab, tmp_path, "check", cmdline="--check").stats["changed"] == {}
 
 
-def test_drift_is_put_back_and_the_engine_restarted(converged, lab, tmp_path):
-    drifted = dict(daemon_json(lab), **{"log-opts": {"labels": "rank", "max-size": "5m", "max-file": "3"}})
-    on_node(lab, NODE, "sh", "-c", f"echo '{json.dumps(drifted)}' > /etc/docker/daemon.json")
-    before = on_node(lab, NODE, "systemctl", "show", "-p", "MainPID", "--value", "docker").stdout
-    runner = converge(lab, tmp_path, "repair")
+def test_drift_is_put_back_and_the_engine_restarted(converged, fabric_lab, tmp_path):
+    drifted = dict(daemon_json(fabric_lab), **{"log-opts": {"labels": "rank", "max-size": "5m", "max-file": "3"}})
+    on_node(fabric_lab, NODE, "sh", "-c", f"echo '{json.dumps(drifted)}' > /etc/docker/daemon.json")
+    before = on_node(fabric_lab, NODE, "systemctl", "show", "-p", "MainPID", "--value", "docker").stdout
+    runner = converge(fabric_lab, tmp_path, "repair")
     assert runner.stats["changed"] == {NODE: 2}, output(runner)[-3000:]  # the file, then the handler
-    assert on_node(lab, NODE, "systemctl", "show", "-p", "MainPID", "--value", "docker").stdout != before
-    assert log_config_of_a_new_container(lab)["Config"]["max-size"] == "100m"
+    assert on_node(fabric_lab, NODE, "systemctl", "show", "-p", "MainPID", "--value", "docker").stdout != before
+    assert log_config_of_a_new_container(fabric_lab)["Config"]["max-size"] == "100m"

@@ -14,34 +14,11 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import LAB_NAME, ROOT, on_node, output, run_playbook
+from conftest import ROOT, TOPOLOGIES, on_node, output, run_playbook
 
-SITE = os.path.join(ROOT, "site.yml")
 FABRIC = os.path.join(ROOT, "playbooks/fabric.yml")
-TOPOLOGIES = {"triangle": 3, "ring": 4}
-
-
-@pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
-def fabric_lab(request, tmp_path_factory):
-    """A bare-port lab of the topology, converged once through site.yml's preflight and fabric stages."""
-    topology = request.param
-    base = tmp_path_factory.mktemp(topology)
-    extravars = {"lab_name": f"{LAB_NAME}-{topology}", "lab_nodes": TOPOLOGIES[topology],
-                 "lab_fabric_topology": topology, "lab_fabric_bare": True,
-                 "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
-    lab = {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base,
-           "topology": topology}
-    created = run_playbook(base / "create", os.path.join(ROOT, "playbooks/lab.yml"), extravars=extravars)
-    try:
-        assert created.status == "successful", output(created)[-4000:]
-        converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"], cmdline="--tags preflight,fabric")
-        lab["converge"] = output(converge)
-        assert converge.status == "successful", lab["converge"][-5000:]
-        yield lab
-    finally:
-        removed = run_playbook(base / "destroy", os.path.join(ROOT, "playbooks/lab.yml"),
-                               extravars=dict(extravars, lab_state="absent"))
-        assert removed.status == "successful", output(removed)[-4000:]
+# Each test runs on every topology's lab (the conftest's fabric_lab, shared with the node and runtime tests).
+EVERY_TOPOLOGY = pytest.mark.parametrize("fabric_lab", sorted(TOPOLOGIES), indirect=True)
 
 
 def hosts(lab):
@@ -80,6 +57,7 @@ def assert_configured(lab):
             assert local == [str(ipaddress.ip_address(b"\xfe\x80" + bytes(6) + eui))], (node, local)
 
 
+@EVERY_TOPOLOGY
 def test_the_plan_is_printed_and_every_cable_is_configured_and_pinged(fabric_lab):
     said = " ".join(fabric_lab["converge"].split())
     assert f"fabric: {fabric_lab['topology']}, 1 rail(s)" in said
@@ -100,6 +78,7 @@ def test_the_plan_is_printed_and_every_cable_is_configured_and_pinged(fabric_lab
             assert "routes" not in entry and "gateway4" not in entry
 
 
+@EVERY_TOPOLOGY
 def test_each_rank_gets_its_environment_with_sockets_on_the_management_network(fabric_lab):
     nodes, _ = hosts(fabric_lab)
     for node, values in nodes.items():
@@ -116,6 +95,7 @@ def test_each_rank_gets_its_environment_with_sockets_on_the_management_network(f
         assert ("NCCL_MIN_NCHANNELS" in env) == (fabric_lab["topology"] == "ring")
 
 
+@EVERY_TOPOLOGY
 def test_hosts_name_each_neighbour_and_the_admin_logs_in_without_a_prompt(fabric_lab):
     for (node, _), (peer, _), subnet in cables(fabric_lab):
         text = on_node(fabric_lab, node, "cat", "/etc/hosts").stdout
@@ -125,6 +105,7 @@ def test_hosts_name_each_neighbour_and_the_admin_logs_in_without_a_prompt(fabric
         assert login.stdout.strip() == peer
 
 
+@EVERY_TOPOLOGY
 def test_service_ports_answer_the_cluster_only(fabric_lab):
     nodes, cluster = hosts(fabric_lab)
     port = 29521  # the tiny profile's master (rendezvous) port
@@ -141,6 +122,7 @@ def test_service_ports_answer_the_cluster_only(fabric_lab):
     assert cluster["sparkfleet_api_allowed_sources"][0] in table
 
 
+@EVERY_TOPOLOGY
 def test_a_second_run_changes_nothing_and_a_restarted_node_comes_back_the_same(fabric_lab, tmp_path):
     again = run_playbook(tmp_path / "again", FABRIC, inventory=fabric_lab["inventory"])
     assert again.status == "successful" and again.stats["changed"] == {}, output(again)[-4000:]
@@ -156,8 +138,7 @@ def test_a_second_run_changes_nothing_and_a_restarted_node_comes_back_the_same(f
     assert_configured(fabric_lab)
 
 
-# Drift and rollback do not depend on the cabling: the larger lab alone takes them ("ring" is the same
-# parameter as above, so pytest keeps using that lab instead of making another).
+# Drift and rollback do not depend on the cabling: the larger lab alone takes them.
 @pytest.mark.parametrize("fabric_lab", ["ring"], indirect=True)
 def test_a_drifted_mtu_is_reported_in_check_mode_and_repaired(fabric_lab, tmp_path):
     on_node(fabric_lab, "node2", "ip", "link", "set", "enp1s0f0np0", "mtu", "1500")

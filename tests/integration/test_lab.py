@@ -1,10 +1,10 @@
-"""The lab playbook converges once and then changes nothing, also in check mode."""
+"""The lab playbook converges once and then changes nothing, also in check mode; site.yml's stage tags select
+its plays. (These run while the lab's nodes are still fresh, before molecule's site scenario converges them.)"""
 
 import os
-import subprocess
 from pathlib import Path
 
-from conftest import ROOT, output, run_playbook
+from conftest import ROOT, output, run_playbook, task_names
 
 
 def test_second_run_changes_nothing(lab, tmp_path):
@@ -30,24 +30,12 @@ def test_inventory_reaches_nodes_over_ssh_as_admin(lab):
     assert mode == 0o600
 
 
-def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
-    playbook = os.path.join(ROOT, "playbooks/lab.yml")
-    grown = run_playbook(tmp_path / "grow", playbook, extravars=dict(lab["extravars"], lab_nodes=3))
-    assert grown.status == "successful", output(grown)[-4000:]
-    text = Path(lab["inventory"]).read_text()
-    assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
-    # Serving three CPU ranks costs minutes on a 2-core machine; test_serve covers serving (TP2). The lab's
-    # model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
-    site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"],
-                        cmdline="--skip-tags serve,verify")
-    assert site.status == "successful", output(site)[-4000:]
-    assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
-
-    shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])
-    assert shrunk.status == "successful", output(shrunk)[-4000:]
-    assert "node2:" not in Path(lab["inventory"]).read_text()
-    containers = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
-                                check=True).stdout.split()
-    prefix = lab["extravars"]["lab_name"]
-    assert f"{prefix}-node0" in containers and f"{prefix}-node1" in containers
-    assert f"{prefix}-node2" not in containers
+def test_stage_tags_select_plays(lab, tmp_path):
+    site = os.path.join(ROOT, "site.yml")
+    runner = run_playbook(tmp_path, site, inventory=lab["inventory"], cmdline="--tags preflight --check")
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert runner.stats["changed"] == {}
+    assert "Validate the inventory on the controller" in task_names(runner)
+    skipped = run_playbook(tmp_path / "none", site, inventory=lab["inventory"], cmdline="--tags no-such-stage")
+    assert skipped.status == "successful"
+    assert "Validate the inventory on the controller" not in task_names(skipped)

@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from conftest import ROOT, lab_hosts, on_node, output, run_playbook
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -43,12 +43,10 @@ def api_key(lab):
 
 
 @pytest.fixture(scope="module")
-def served(lab, tmp_path_factory):
-    """site.yml converged on the lab: weights, then both ranks serving, then verified."""
-    runner = run_playbook(tmp_path_factory.mktemp("serve") / "converge", SITE, inventory=lab["inventory"])
-    text = output(runner)
-    assert runner.status == "successful", text[-6000:]
-    return text
+def served(site):
+    """site.yml converged on the lab (molecule's site scenario: check, converge, idempotence, verify): weights,
+    then both ranks serving, then verified; molecule's output, with the converge's."""
+    return site
 
 
 def test_site_serves_the_planned_pool_and_verifies_it(served, lab):
@@ -97,11 +95,24 @@ def test_each_start_logs_to_a_new_file_behind_a_stable_link(served, lab):
     assert first.startswith("sparkfleet: rank 0 start ")
 
 
-def test_a_second_run_restarts_nothing_and_changes_nothing(served, lab, tmp_path):
+def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab, tmp_path):
+    """lab -> site -> lab -> site: the lab playbook and the site never fight over a file (molecule's scenario did
+    the first lab and site runs, and a second site run with zero changes). Driven through ansible_runner.run(),
+    as a user's CI would."""
     before = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
-    runner = run_playbook(tmp_path, SITE, inventory=lab["inventory"])
-    assert runner.status == "successful", output(runner)[-4000:]
-    assert runner.stats["changed"] == {}
+    relab = run_playbook(tmp_path / "lab", os.path.join(ROOT, "playbooks/lab.yml"), extravars=lab["extravars"])
+    assert relab.status == "successful", output(relab)[-4000:]
+    assert relab.stats["changed"] == {}, output(relab)[-4000:]
+    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
+    text = output(runner)
+    assert runner.status == "successful" and runner.rc == 0, text[-4000:]
+    assert runner.stats["changed"] == {}, text[-4000:]
+    assert runner.stats["failures"] == {} and runner.stats["dark"] == {}
+    assert set(runner.stats["ok"]) == {"node0", "node1"}
+    assert "Discover what each node has" in task_names(runner)
+    assert "rank 0 head   node0" in text and "rank 1 worker node1" in text
+    assert "GPU none | RDMA none | in a docker container" in text
+    assert "verified: tiny-cpu" in text
     assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == before
 
 

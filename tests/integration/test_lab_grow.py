@@ -1,0 +1,34 @@
+"""The lab grows to three nodes, a converge takes the new node in, and the lab shrinks back. Runs after every
+other test of the 2-node lab (the inventory says TP3 while it is grown)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+from conftest import ROOT, on_node, output, run_playbook
+
+
+def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
+    playbook = os.path.join(ROOT, "playbooks/lab.yml")
+    # A TP2 group does not become TP3 in place: stop serving first, as an operator re-cabling a cluster would.
+    for node in ("node0", "node1"):
+        on_node(lab, node, "systemctl", "stop", "sparkfleet-vllm.service", timeout=180)
+    grown = run_playbook(tmp_path / "grow", playbook, extravars=dict(lab["extravars"], lab_nodes=3))
+    assert grown.status == "successful", output(grown)[-4000:]
+    text = Path(lab["inventory"]).read_text()
+    assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
+    # Serving three CPU ranks costs minutes on a 2-core machine; test_serve covers serving (TP2). The lab's
+    # model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
+    site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"],
+                        cmdline="--skip-tags serve,verify")
+    assert site.status == "successful", output(site)[-4000:]
+    assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
+
+    shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])
+    assert shrunk.status == "successful", output(shrunk)[-4000:]
+    assert "node2:" not in Path(lab["inventory"]).read_text()
+    containers = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                                check=True).stdout.split()
+    prefix = lab["extravars"]["lab_name"]
+    assert f"{prefix}-node0" in containers and f"{prefix}-node1" in containers
+    assert f"{prefix}-node2" not in containers
