@@ -134,7 +134,7 @@ def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]], keys: Iterable
     return problems
 
 
-# Kernel settings the field learned to refuse, with the reason (FIELD_NOTES, node memory safety).
+# Kernel settings the field learned to refuse, with the reason (docs/field-facts.md §2).
 MEMORY_SETTINGS = "node_memory_sysctls"
 
 

@@ -89,7 +89,7 @@ def test_each_rank_gets_its_environment_with_sockets_on_the_management_network(f
                           if any(i.get("local") == values["ansible_host"] for i in link["addr_info"]))
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == management
         assert env["VLLM_HOST_IP"] == values["sparkfleet_fabric_address"] == values["ansible_host"]
-        # no RoCE device in the lab: NCCL over sockets; the core keys of the field notes everywhere
+        # no RoCE device in the lab: NCCL over sockets; the core keys of docs/field-facts.md §5 everywhere
         assert env["NCCL_NET"] == "Socket" and env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_IGNORE_CPU_AFFINITY"] == "1"
         assert ("NCCL_MIN_NCHANNELS" in env) == (fabric_lab["topology"] == "ring")
