@@ -2,7 +2,7 @@
 # Apache License 2.0 (see LICENSE)
 """The per-rank NCCL / Gloo environment from the fabric plan and what discovery found on the node.
 
-Defaults follow the field notes (section 4) per topology; every key can be overridden (a None removes it).
+Defaults follow docs/field-facts.md §5 per topology; every key can be overridden (a None removes it).
 - direct / switch: sockets and VLLM_HOST_IP on the rail-0 fabric interface; the HCAs of the cabled cage
   (both twins with two rails); the GID index pinned when every HCA used has its RoCE v2 IPv4 GID at the same
   index, else left to NCCL with NCCL_IB_ADDR_FAMILY=AF_INET.
