@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 import sourcefile
@@ -172,6 +173,41 @@ def lab_inventory_copy(lab, tmp_path):
     target.mkdir()
     shutil.copy(lab["inventory"], target / "hosts.yml")
     return target
+
+
+def wait_until(ready, what, progress=None, stall=180, poll=2.0, limit=3600):
+    """Poll ready() until it is truthy; returns its value. The wait is bounded by progress, not by a guess of how
+    long the machine takes: it fails once progress() (any snapshot that changes while the awaited thing is moving,
+    e.g. a log's size or a process tree's CPU time) has stayed the same for `stall` seconds, and only a hung test
+    ever meets `limit`. Without progress(), `stall` is the plain deadline."""
+    started = last_change = time.monotonic()
+    seen = progress() if progress else None
+    while True:
+        value = ready()
+        if value:
+            return value
+        now = time.monotonic()
+        if progress:
+            current = progress()
+            if current != seen:
+                seen, last_change = current, now
+        if now - last_change > stall or now - started > limit:
+            pytest.fail(f"waited {now - started:.0f} s for {what}; nothing moved in the last {now - last_change:.0f} s "
+                        f"(last seen: {seen!r})")
+        time.sleep(poll)
+
+
+def cpu_seconds(pids):
+    """The CPU time (user + system, in clock ticks) the given processes have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
 
 
 def tiny_model_generator():

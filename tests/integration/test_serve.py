@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -28,13 +28,13 @@ def unit(lab, node):
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(2)
-    pytest.fail(f"waited {timeout} s for {what}")
+def wait_for(lab, predicate, what, stall=180):
+    """Until predicate() holds, for as long as the head's unit or its log keeps moving (see conftest.wait_until)."""
+    def progress():
+        state = unit(lab, "node0")
+        size = on_node(lab, "node0", "sh", "-c", f"stat -Lc %s {LOGS}/current.log 2>/dev/null || echo 0").stdout
+        return tuple(sorted(state.items())), size.strip()
+    wait_until(predicate, what, progress=progress, stall=stall)
 
 
 def api_key(lab):
@@ -143,7 +143,7 @@ def test_a_killed_engine_is_reported_and_the_service_comes_back(served, lab, tmp
     assert runner.status == "failed"
     assert re.search(r"503|engine (is )?dead|refus", text), text[-3000:]
     # systemd restarts the head by itself (bounded); the next run brings every rank back together.
-    wait_for(lambda: int(unit(lab, "node0").get("NRestarts", 0)) >= 1, 180, "the head's automatic restart")
+    wait_for(lab, lambda: int(unit(lab, "node0").get("NRestarts", 0)) >= 1, "the head's automatic restart")
     runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
     assert runner.status == "successful", output(runner)[-4000:]
     assert "verified: tiny-cpu" in output(runner)
@@ -158,10 +158,10 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
         runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
                               extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2})
         assert runner.status == "successful", output(runner)[-4000:]  # the units start; the engine cannot
-        wait_for(lambda: unit(lab, "node0")["ActiveState"] == "failed", 240, "the head to stop restarting")
+        wait_for(lab, lambda: unit(lab, "node0")["ActiveState"] == "failed", "the head to stop restarting")
         assert int(unit(lab, "node0")["NRestarts"]) >= 1  # it did restart by itself before giving up
-        wait_for(lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
-                                 check=False).returncode == 0, 30, "the give-up marker")
+        wait_for(lab, lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
+                                      check=False).returncode == 0, "the give-up marker", stall=60)
         marker = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
         assert "hit the start limit of 2 starts" in marker
         assert "fix: read the log; then run the serve stage again" in marker
