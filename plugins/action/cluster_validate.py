@@ -13,7 +13,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory, profiles
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
 ROLES_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles"))
 

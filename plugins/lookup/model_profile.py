@@ -28,7 +28,7 @@ options:
     type: str
     default: ""
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
@@ -50,7 +50,7 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import profiles
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
 
 class LookupModule(LookupBase):

@@ -5,7 +5,8 @@ import copy
 import pytest
 
 from ansible_collections.sparkfleet.cluster.plugins.action.cluster_validate import ansible_validate, load_role_specs
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory, profiles
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
 SPECS = load_role_specs()
 

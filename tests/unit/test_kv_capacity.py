@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from ansible_collections.sparkfleet.cluster.plugins.filter.capacity import kv_plan
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity, profiles
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
 GIB = 1024 ** 3
 PROFILES = profiles.collection_profile_dir()

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import profiles
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
 SHIPPED = profiles.available([profiles.collection_profile_dir()])
 
