@@ -21,11 +21,13 @@ version_added: 0.1.0
 options: {}
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   action:
+    description: Runs on the controller, through the action plugin of the same name.
     support: full
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""

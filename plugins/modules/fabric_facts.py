@@ -54,13 +54,16 @@ options:
     default: 0
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
   facts:
+    description: Publishes C(ansible_facts) that later tasks of the play read.
     support: full
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
@@ -85,6 +88,32 @@ ansible_facts:
         addresses: {192.168.100.10: {netdev: enp1s0f1np1, roce: rocep1s0f1, gid_index: 3, gid_error: null}}
         others: [10.0.0.21/24]
         unmet: ["enp1s0f1np1: found MTU 1500; expected 9000"]
+      contains:
+        roce:
+          description: Every RoCE device with its netdev, cage, twin, port state and the netdev's link.
+          type: list
+          elements: dict
+          returned: always
+        links:
+          description: Every interface by name, with its MTU, operstate, whether it is up, and its addresses.
+          type: dict
+          returned: always
+        addresses:
+          description:
+            - Each address of O(addresses), with the netdev holding it and, on a RoCE device, the RoCE v2 GID
+              index (or in C(gid_error), what the GID table holds instead).
+          type: dict
+          returned: always
+        others:
+          description: The IPv4 addresses (CIDR) of interfaces outside the fabric, C(lo) left out.
+          type: list
+          elements: str
+          returned: always
+        unmet:
+          description: What of O(expect) is not in effect, one line each; empty when all of it is.
+          type: list
+          elements: str
+          returned: always
 """
 
 import json

@@ -36,11 +36,13 @@ options:
     default: 86400
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   action:
+    description: Runs on the controller, through the action plugin of the same name.
     support: full
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""

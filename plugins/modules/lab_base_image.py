@@ -44,13 +44,15 @@ options:
     default: /var/tmp
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
 requirements:
   - debootstrap and a running Docker engine on the target (the controller)
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
@@ -202,7 +204,7 @@ def main():
     image = f"{module.params['name']}:{suite}-{digest[:12]}"
     result = dict(image=image, recipe_hash=digest, mirror="", seconds=0.0)
 
-    rc, _, _ = module.run_command(["docker", "image", "inspect", "--format", "{{.Id}}", image])
+    rc, _out, _err = module.run_command(["docker", "image", "inspect", "--format", "{{.Id}}", image])
     if rc == 0:
         module.exit_json(changed=False, **result)
 

@@ -35,11 +35,13 @@ options:
     default: 0
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""

@@ -17,13 +17,16 @@ version_added: 0.1.0
 options: {}
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
   facts:
+    description: Publishes C(ansible_facts) that later tasks of the play read.
     support: full
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""

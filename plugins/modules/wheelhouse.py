@@ -47,11 +47,13 @@ options:
         required: true
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
