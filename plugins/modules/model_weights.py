@@ -116,13 +116,15 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
   diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
     support: none
 requirements:
   - huggingface_hub for O(source=huggingface); rsync (and ssh) for O(source=peer)
 author:
-  - sparkfleet developers
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
@@ -200,7 +202,6 @@ cached:
 
 import os
 import re
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -393,8 +394,9 @@ def hub_manifest(job):
     try:
         info = api.model_info(job.repo_id, revision=job.p["revision"], files_metadata=True)
     except errors.HfHubHTTPError as err:
-        raise (hub_errors(job, err) or w.WeightsError(f"the Hub answering {err}", "the repository's file list",
-                                                     "check the endpoint and the network")) from err
+        raise (hub_errors(job, err)
+               or w.WeightsError(f"the Hub answering {err}", "the repository's file list",
+                                 "check the endpoint and the network")) from err
     revision = info.sha
     siblings = {s.rfilename: s for s in info.siblings or []}
     sums = {}
@@ -423,14 +425,15 @@ def hub_download(job, filename, revision, force=False, tqdm_class=None):
                                token=job.p["token"] or False, endpoint=job.p["endpoint"] or None,
                                force_download=force, tqdm_class=tqdm_class)
     except errors.HfHubHTTPError as err:
-        raise (hub_errors(job, err) or w.WeightsError(f"{filename} failing to download ({err})",
-                                                     "the file", "rerun: files already verified are kept")) from err
+        raise (hub_errors(job, err)
+               or w.WeightsError(f"{filename} failing to download ({err})", "the file",
+                                 "rerun: files already verified are kept")) from err
     except (OSError, RuntimeError, ValueError) as err:
         raise w.WeightsError(f"the download of {filename} cut off ({type(err).__name__}: {err})",
                              "a complete transfer from the Hub",
                              "rerun: files already verified are kept and not fetched again") from err
     except Exception as err:  # the HTTP client's own transport errors (connection reset, protocol errors)
-        if type(err).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore", "h11"):
+        if type(err).__module__.split(".", maxsplit=1)[0] not in ("httpx", "httpx2", "httpcore", "h11"):
             raise
         raise w.WeightsError(f"the connection cut off while fetching {filename} ({type(err).__name__}: {err})",
                              "a complete transfer from the Hub",
@@ -486,6 +489,30 @@ PROGRESS2 = re.compile(r"^\s*([\d,]+)\s+\d+%")
 TRANSFERRED = re.compile(r"^Total transferred file size: ([\d,]+) bytes", re.M)
 
 
+class LineFeed:
+    """A pipe as run_command reads it (fileno, read, close) that also hands every line (ended by CR or LF) it
+    has read to ``on_line``: rsync's progress while it runs, where run_command returns only at the end."""
+
+    def __init__(self, pipe, on_line):
+        self.pipe, self.on_line = pipe, on_line
+        self.buffer = b""
+
+    def fileno(self):
+        return self.pipe.fileno()
+
+    def read(self, size=-1):
+        chunk = self.pipe.read(size)
+        if chunk:
+            self.buffer += chunk
+            *lines, self.buffer = re.split(rb"[\r\n]", self.buffer)
+            for raw in lines:
+                self.on_line(raw.decode(errors="replace"))
+        return chunk
+
+    def close(self):
+        self.pipe.close()
+
+
 def rsync_pull(job, progress):
     """Pull the peer's repo directory into ours; returns the bytes rsync transferred."""
     peer = job.p["peer"] or {}
@@ -507,30 +534,25 @@ def rsync_pull(job, progress):
             ssh += ["-o", f"UserKnownHostsFile={peer['known_hosts']}"]
         argv += ["-e", " ".join(ssh), f"{peer.get('user') or 'root'}@{peer['address']}:{name}/", dest]
     base = progress.done
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    output = []
-    buffer = b""
-    while True:
-        chunk = process.stdout.read1(65536) if hasattr(process.stdout, "read1") else process.stdout.read(65536)
-        if not chunk:
-            break
-        buffer += chunk
-        *lines, buffer = re.split(rb"[\r\n]", buffer)
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            output.append(line)
-            match = PROGRESS2.match(line)
-            if match:
-                done = int(match.group(1).replace(",", ""))
-                progress.advance(base + done - progress.done, "rsync")
-    stderr = process.stderr.read().decode(errors="replace")
-    if process.wait() != 0:
+
+    def on_line(line):
+        match = PROGRESS2.match(line)
+        if match:
+            done = int(match.group(1).replace(",", ""))
+            progress.advance(base + done - progress.done, "rsync")
+
+    def stream(process):  # before run_command reads rsync's output: every chunk it reads moves the progress
+        process.stdout = LineFeed(process.stdout, on_line)
+
+    rc, stdout, stderr = job.module.run_command(argv, expand_user_and_vars=False, errors="replace",
+                                                before_communicate_callback=stream, handle_exceptions=False)
+    if rc != 0:
         raise w.WeightsError(f"rsync from {peer['address']} ({peer.get('transport', 'ssh')}) exiting "
-                             f"{process.returncode}: {stderr.strip()[-600:]}",
+                             f"{rc}: {stderr.strip()[-600:]}",
                              "a complete transfer over the fabric",
                              "check the peer is up and reachable on its fabric address; rerun to continue "
                              "(partial files are kept, verified files are never deleted)")
-    stats = TRANSFERRED.search("\n".join(output))
+    stats = TRANSFERRED.search(stdout)
     return int(stats.group(1).replace(",", "")) if stats else 0
 
 
