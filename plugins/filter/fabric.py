@@ -1,8 +1,8 @@
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
-"""The fabric for plays.
+"""The fabric for plays (each filter is documented in its own ``<name>.yml`` beside this file).
 
-- ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``: every node's fabric interfaces (documented below).
+- ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``: every node's fabric interfaces.
 - ``nodes | sparkfleet.cluster.fabric_plan_problem(...)``: the line fabric_plan would fail with, or ''.
 - ``node | sparkfleet.cluster.fabric_plan_line(sparkfleet_fabric_plan)``: one line of the preflight's plan.
 - ``plan | sparkfleet.cluster.fabric_hosts(node)``: the node's /etc/hosts lines for its and its peers' fabric
@@ -25,72 +25,6 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import fabric, nccl
-
-DOCUMENTATION = r"""
----
-name: fabric_plan
-short_description: Every node's ConnectX-7 fabric interfaces and addresses for a topology
-description:
-  - One subnet per cable and rail (a /24 of O(supernet)), the host number is the node's place in the list + 1.
-    C(direct) - two nodes, one cable between cage O(cage) on both; C(triangle) and C(ring) - three or four
-    nodes, each node's cage 0 cabled to the next node's cage 1; C(switch) - two to four nodes on one switch.
-  - Two rails address both twins of each cabled cage (each QSFP cage shows as two PCIe functions).
-  - O(pinned) (the inventory's C(sparkfleet_fabric_address)) fixes the rail-0 addresses of a direct or switch
-    fabric; a triangle or ring cannot take pinned addresses.
-  - Bad input fails with what was found, what was expected and the fix.
-version_added: 0.3.0
-options:
-  _input:
-    description: The nodes, in rank order.
-    type: list
-    elements: str
-    required: true
-  topology:
-    description: C(direct), C(triangle), C(ring) or C(switch).
-    type: str
-    required: true
-  rails:
-    description: 1 or 2.
-    type: int
-    default: 1
-  supernet:
-    description: The private range the per-cable subnets come from.
-    type: str
-    default: 10.100.0.0/16
-  cage:
-    description: The cabled cage of a direct or switch fabric (0 or 1).
-    type: int
-    default: 1
-  mtu:
-    description: MTU of every fabric interface.
-    type: int
-    default: 9000
-  pinned:
-    description: Rail-0 addresses by node (direct and switch only).
-    type: dict
-    default: {}
-  prefix:
-    description: Prefix length of the pinned addresses' subnet.
-    type: int
-    default: 24
-  subnets:
-    description: The subnet of each cable and rail in order, instead of /24s carved from O(supernet).
-    type: list
-    elements: str
-    default: []
-"""
-
-EXAMPLES = r"""
-- name: The plan of a two-node cluster with both twins addressed
-  ansible.builtin.debug:
-    msg: "{{ ['spark-a', 'spark-b'] | sparkfleet.cluster.fabric_plan('direct', rails=2) }}"
-"""
-
-RETURN = r"""
-_value:
-  description: "{node: [{cage, rail, twin, netdev, subnet, address, prefix, mtu, peers: [{node, address}]}]}"
-  type: dict
-"""
 
 
 def _fail(err: Exception):

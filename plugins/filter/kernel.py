@@ -40,6 +40,7 @@ _value:
   elements: str
 """
 
+
 class FilterModule:
     def filters(self):
         return {"xid_errors": xid_errors}
