@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Benchmark the weights fan-out on the local lab: ssh vs rsyncd, to 1 and to 3 peers.
 
 Creates a 4-node lab of its own, generates a ~1 GiB random Llama checkpoint on the controller, places it on
@@ -78,7 +78,7 @@ def pulls(result) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--keep", action="store_true", help="leave the bench lab running")
     args = parser.parse_args()
@@ -90,13 +90,13 @@ def main() -> None:
     generate(model, args.size_mib)
     lab_vars = {"lab_name": LAB, "lab_nodes": 4, "lab_inventory_dir": os.path.join(work, "inventory"),
                 "lab_state_dir": os.path.join(work, "state")}
-    _, seconds = run(os.path.join(work, "lab"), "playbooks/lab.yml", lab_vars)
+    _result, seconds = run(os.path.join(work, "lab"), "playbooks/lab.yml", lab_vars)
     print(f"lab of 4 nodes ready in {seconds:.0f} s", flush=True)
     full = os.path.join(work, "inventory", "hosts.yml")
     stage = {"model_weights_cache_dir": CACHE, "model_weights_upload_dir": model}
     try:
-        _, seconds = run(os.path.join(work, "seed"), "playbooks/weights.yml", stage,
-                         inventory_for(full, 1, os.path.join(work, "head-only.yml")))
+        _result, seconds = run(os.path.join(work, "seed"), "playbooks/weights.yml", stage,
+                               inventory_for(full, 1, os.path.join(work, "head-only.yml")))
         print(f"checkpoint uploaded and placed on the head in {seconds:.0f} s", flush=True)
         rows = []
         for transport in ("ssh", "rsyncd"):

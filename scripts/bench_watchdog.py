@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Benchmark the memory watchdog under real memory pressure: reaction time and CPU use. Prints, asserts nothing.
 
 A child titled like a serving process allocates (and touches) 64 MiB at a time until MemAvailable falls below
@@ -44,7 +44,7 @@ def percentile(values, fraction):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--trips", type=int, default=20)
     parser.add_argument("--below-gib", type=float, default=1.5)
     parser.add_argument("--idle-seconds", type=float, default=10)
@@ -99,8 +99,8 @@ def main():
     if ms:
         print(f"reaction (crossing seen by the allocating child -> SIGTERM received), {len(ms)} trips: "
               f"p50 {statistics.median(ms):.0f} ms, p99 {percentile(ms, 0.99):.0f} ms, max {max(ms):.0f} ms, "
-              f"min {min(ms):.0f} ms" + (f"; in {early} more the SIGTERM came before the child saw the crossing"
-                                        if early else ""))
+              f"min {min(ms):.0f} ms"
+              + (f"; in {early} more the SIGTERM came before the child saw the crossing" if early else ""))
     print(f"CPU: idle {100 * idle_share:.2f} % of one core over {args.idle_seconds:g} s; "
           f"{100 * run_share:.2f} % during the trips")
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
 """Run the gpu role's clock check on a real NVIDIA machine and print what nvidia-smi says (no Ansible needed).

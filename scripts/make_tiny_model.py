@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Generate a tiny random-weight Llama (or DeepSeek-V2 MLA) model offline, without torch.
 
 The output directory is a complete Hugging Face style model that vLLM (CPU build included) and
@@ -201,8 +201,8 @@ def _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_s
     """The smallest layer count (at least `layers`) whose weights reach target_mib."""
     head_dim = hidden_size // heads
     itemsize = WEIGHT_DTYPE.itemsize
-    per_layer = sum(_numel(s) for _, s, _ in _layer_shapes(0, hidden_size, heads, kv_heads, head_dim,
-                                                             intermediate_size, arch)) * itemsize
+    shapes = _layer_shapes(0, hidden_size, heads, kv_heads, head_dim, intermediate_size, arch)
+    per_layer = sum(_numel(shape) for _name, shape, _init in shapes) * itemsize
     fixed = (2 * vocab_size * hidden_size + hidden_size) * itemsize
     needed = -(-(int(target_mib * MIB) - fixed) // per_layer)  # ceiling division
     return max(layers, needed)
@@ -449,7 +449,7 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
         layers = _layers_for_target(target_mib, hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size,
                                     arch)
     plan = tensor_plan(hidden_size, layers, heads, kv_heads, vocab_size, intermediate_size, arch)
-    parameters = sum(_numel(shape) for _, shape, _ in plan)
+    parameters = sum(_numel(shape) for _name, shape, _init in plan)
     weight_bytes = parameters * WEIGHT_DTYPE.itemsize
     groups = _shards(plan, int(shard_mib * MIB)) if weight_bytes > shard_mib * MIB else [plan]
 
@@ -484,7 +484,8 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
             os.chmod(out / name, stat.S_IMODE((out / "config.json").stat().st_mode))
         written += shard_names
         if len(groups) > 1:
-            weight_map = {t: name for name, group in zip(shard_names, groups, strict=True) for t, _, _ in group}
+            weight_map = {t: name for name, group in zip(shard_names, groups, strict=True)
+                          for t, _shape, _init in group}
             _write_json(out / INDEX_FILE, {"metadata": {"total_size": weight_bytes},
                                            "weight_map": dict(sorted(weight_map.items()))})
             written.append(INDEX_FILE)
@@ -517,7 +518,7 @@ def generate(out_dir, *, seed=0, hidden_size=256, layers=2, heads=4, kv_heads=4,
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden-size", type=int, default=256)

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Print the capacity planner's figures next to the field's published GLM-5.3-Flash pools.
 
 The same points the unit tests bound (tests/unit/test_kv_capacity.py): run it after changing the planner or a

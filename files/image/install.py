@@ -80,7 +80,7 @@ def install_packages(context: str, site: str, version: str) -> None:
         shutil.copytree(os.path.join(context, package), target,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.md"))
         installed += [os.path.relpath(os.path.join(root, name), site)
-                      for root, _, names in os.walk(target) for name in sorted(names)]
+                      for root, _dirs, names in os.walk(target) for name in sorted(names)]
     _write_dist_info(site, version, installed)
     print(f"installed {', '.join(PACKAGES)} into {site} with the vllm.general_plugins entry point '{ENTRY_POINT}'")
 
@@ -129,7 +129,7 @@ def install(context: str, expected: str, base_digest: str, vllm_version: str, py
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--context", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--base-digest", required=True)
     parser.add_argument("--vllm-version", required=True)

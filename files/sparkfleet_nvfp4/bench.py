@@ -193,10 +193,10 @@ def median_graph_ms(calls: list[Callable[[], object]], runs: int, warmup: int) -
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    for _ in range(warmup):
+    for _i in range(warmup):
         graph.replay()
     times = []
-    for _ in range(runs):
+    for _i in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
@@ -226,8 +226,8 @@ def copy_bandwidth(nbytes: int, rotations: int, runs: int, warmup: int, device: 
     """Device-to-device copy bandwidth (bytes read + written per second) for copies of nbytes / 2 each."""
     half = max(nbytes // 2, 1)
     pairs = [(torch.empty(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8, device=device))
-             for _ in range(rotations)]
-    for src, _ in pairs:
+             for _i in range(rotations)]
+    for src, _dst in pairs:
         src.random_(0, 256)
     ms = median_graph_ms([lambda s=s, d=d: d.copy_(s) for s, d in pairs], runs, warmup)
     return 2 * half / (ms * 1e-3)
@@ -260,7 +260,7 @@ class Bench:
 
     def filled_pools(self, count: int) -> list[torch.Tensor]:
         rows = self.args.pool_rows
-        pools = [new_pool(rows, self.device) for _ in range(count)]
+        pools = [new_pool(rows, self.device) for _i in range(count)]
         for pool in pools:
             latent = random_latent(rows, torch.bfloat16, self.device, extremes=False)
             kernels.write(latent, torch.arange(rows, device=self.device), pool)
@@ -274,8 +274,8 @@ class Bench:
         pools = self.filled_pools(n)
         # Distinct rows, as 32 sequences of their own select: every counted row read is a read from memory.
         idx = [torch.randperm(args.pool_rows, device=device)[:entries].to(torch.int32).view(args.decode_tokens, -1)
-               for _ in range(n)]
-        buffers = [kernels.SyncFreeBuffers(max_tokens=args.decode_tokens) for _ in range(n)]
+               for _i in range(n)]
+        buffers = [kernels.SyncFreeBuffers(max_tokens=args.decode_tokens) for _i in range(n)]
         ms = median_graph_ms(
             [lambda i=i: kernels.gather_sync_free(pools[i], idx[i], buffers=buffers[i]) for i in range(n)],
             args.runs, args.warmup)
@@ -288,7 +288,7 @@ class Bench:
         args, device = self.args, self.device
         n = 4
         pools = self.filled_pools(n)
-        idx = [random_indices(args.prefill_tokens, args.topk, args.pool_rows, device, False) for _ in range(n)]
+        idx = [random_indices(args.prefill_tokens, args.topk, args.pool_rows, device, False) for _i in range(n)]
         union = statistics.mean(int(torch.unique(i).numel()) for i in idx)
         ms = median_eager_ms([lambda i=i: kernels.gather_dedup(pools[i], idx[i]) for i in range(n)],
                              max(args.runs // 4, 10), 3)
@@ -303,9 +303,9 @@ class Bench:
         pool_rows = max(args.pool_rows, tokens)
         per_set = tokens * (2 * LATENT_DIM + 8 + NVFP4_ROW_BYTES)
         n = rotations_for(per_set, self.l2)
-        pools = [new_pool(pool_rows, device) for _ in range(n)]
-        latents = [random_latent(tokens, torch.bfloat16, device, extremes=False) for _ in range(n)]
-        slots = [torch.randperm(pool_rows, device=device)[:tokens] for _ in range(n)]
+        pools = [new_pool(pool_rows, device) for _i in range(n)]
+        latents = [random_latent(tokens, torch.bfloat16, device, extremes=False) for _i in range(n)]
+        slots = [torch.randperm(pool_rows, device=device)[:tokens] for _i in range(n)]
         ms = median_graph_ms([lambda i=i: kernels.write(latents[i], slots[i], pools[i]) for i in range(n)],
                              args.runs, args.warmup)
         ref_ms = median_eager_ms([lambda i=i: reference.write(latents[i], slots[i], pools[i]) for i in range(n)],
@@ -328,10 +328,10 @@ def sweep(args: argparse.Namespace, device: str) -> None:
     rows, topk = args.pool_rows, args.topk
     entries = args.decode_tokens * topk
     n = rotations_for(rows * NVFP4_ROW_BYTES + entries * 664, l2)
-    pools = [new_pool(rows, device) for _ in range(n)]
-    src = [random_indices(args.decode_tokens, topk, rows, device, padding=False).reshape(-1) for _ in range(n)]
-    scratch = [kernels.new_scratch(entries, device) for _ in range(n)]
-    tables = [torch.empty(entries, dtype=torch.int32, device=device) for _ in range(n)]
+    pools = [new_pool(rows, device) for _i in range(n)]
+    src = [random_indices(args.decode_tokens, topk, rows, device, padding=False).reshape(-1) for _i in range(n)]
+    scratch = [kernels.new_scratch(entries, device) for _i in range(n)]
+    tables = [torch.empty(entries, dtype=torch.int32, device=device) for _i in range(n)]
     print("sweep: decode gather (rows per program, warps) -> ms")
     for block in (1, 2, 4, 8, 16):
         for warps in (1, 2, 4, 8):
@@ -344,9 +344,9 @@ def sweep(args: argparse.Namespace, device: str) -> None:
           f"{median_graph_ms(calls, args.runs, args.warmup):.4f}", flush=True)
     tokens = 65536
     n = rotations_for(tokens * 1320, l2)
-    pools = [new_pool(rows, device) for _ in range(n)]
-    latents = [random_latent(tokens, torch.bfloat16, device, extremes=False) for _ in range(n)]
-    slots = [torch.randperm(rows, device=device)[:tokens] for _ in range(n)]
+    pools = [new_pool(rows, device) for _i in range(n)]
+    latents = [random_latent(tokens, torch.bfloat16, device, extremes=False) for _i in range(n)]
+    slots = [torch.randperm(rows, device=device)[:tokens] for _i in range(n)]
     print("sweep: write 65536 tokens (tokens per program, warps) -> ms")
     for block in (1, 2, 4, 8):
         for warps in (1, 2, 4, 8):
@@ -369,7 +369,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--pool-rows", type=int, default=200_000)
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--decode-tokens", type=int, default=32)

@@ -275,7 +275,7 @@ def find_vllm() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("action", choices=("apply", "check", "list"))
     parser.add_argument("--vllm-dir", help="the vllm package directory (default: the installed one)")
     args = parser.parse_args(argv)

@@ -36,8 +36,8 @@ def check_hooks(device: str) -> list[str]:
     reference.write(latent, slots, want)
     checks.check("write hook == reference", written and torch.equal(pool, want), bench.difference(pool, want))
     untouched = torch.zeros(4, 64, 656, dtype=torch.uint8, device=device)
-    checks.check("write hook leaves fp8_ds_mla to vLLM", not hooks.write(latent[:8], nope[:8], untouched, slots[:8],
-                                                                           "fp8_ds_mla") and not untouched.any())
+    checks.check("write hook leaves fp8_ds_mla to vLLM",
+                 not hooks.write(latent[:8], nope[:8], untouched, slots[:8], "fp8_ds_mla") and not untouched.any())
 
     impl = SimpleNamespace(kv_cache_dtype=DTYPE)
     as_float8 = pool.view(torch.float8_e4m3fn)
@@ -69,7 +69,7 @@ def check_hooks(device: str) -> list[str]:
     with torch.cuda.graph(graph):
         out_scratch, out_tables = hooks.mqa_inputs(impl, as_float8, static_idx)
     replays_ok = True
-    for _ in range(3):
+    for _i in range(3):
         static_idx.copy_(bench.random_indices(64, TOPK_WIDTH, rows, device, padding=True))
         graph.replay()
         torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
 """Snapshot and restore what the node_memory role changes on a real host, for the opt-in host scenario.
@@ -124,7 +124,7 @@ def end_watchdog():
     if WATCHDOG not in cmdline:
         return
     os.kill(int(pid), signal.SIGTERM)
-    for _ in range(100):
+    for _i in range(100):
         if not os.path.exists(f"/proc/{pid}"):
             return
         time.sleep(0.1)

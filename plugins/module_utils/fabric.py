@@ -169,7 +169,7 @@ def cables(nodes: list[str], topology: str, cage: int = 1) -> list[dict[str, Any
     if topology not in TOPOLOGIES:
         raise FabricError(f"sparkfleet_fabric_topology: found {topology!r}; expected one of "
                           f"{', '.join(TOPOLOGIES)}; fix: set the topology the nodes are cabled in")
-    counts, _ = TOPOLOGIES[topology]
+    counts, _description = TOPOLOGIES[topology]
     if len(nodes) not in counts:
         raise FabricError(f"topology {topology}: found {len(nodes)} nodes ({', '.join(nodes)}); expected "
                           f"{' or '.join(map(str, counts))} ({TOPOLOGIES[topology][1]}); fix: choose the topology "
@@ -217,18 +217,19 @@ def plan(nodes: list[str], topology: str, rails: int = 1, supernet: str = "10.10
         for rail in range(rails):
             subnet = networks[number * rails + rail]
             length = subnet.prefixlen
-            addresses = {node: str(subnet.network_address + nodes.index(node) + 1) for node, _ in link["ends"]}
+            addresses = {node: str(subnet.network_address + nodes.index(node) + 1) for node, _cage in link["ends"]}
             if rail == 0 and pinned:
                 subnet = _pinned_subnet(nodes, pinned, prefix)
                 length = prefix
-                addresses = {node: pinned[node] for node, _ in link["ends"]}
+                addresses = {node: pinned[node] for node, _cage in link["ends"]}
             slots.append(subnet)
             for node, node_cage in link["ends"]:
                 result[node].append({
                     "cage": node_cage, "rail": rail, "twin": RAIL_TWINS[rail],
                     "netdev": netdev_name(node_cage, RAIL_TWINS[rail]), "subnet": str(subnet),
                     "address": addresses[node], "prefix": length, "mtu": mtu,
-                    "peers": [{"node": peer, "address": addresses[peer]} for peer, _ in link["ends"] if peer != node],
+                    "peers": [{"node": peer, "address": addresses[peer]}
+                              for peer, _cage in link["ends"] if peer != node],
                 })
     for i, one in enumerate(slots):
         for other in slots[i + 1:]:
@@ -469,7 +470,7 @@ def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: 
 
     def elements(cidrs: list[str]) -> str:
         unique = sorted({str(ipaddress.IPv4Network(c, strict=False)) for c in cidrs},
-                        key=lambda c: ipaddress.IPv4Network(c))
+                        key=ipaddress.IPv4Network)
         return ", ".join(_collapse(unique))
 
     lines = [

@@ -146,7 +146,7 @@ def cache_manifest(source_cache: str, repo_id: str, revision: str, allow: list[s
                            "a populated Hugging Face cache (models--org--name/snapshots/<revision>)",
                            "download it there first (hf download REPO --revision REVISION), or use source huggingface")
     found = {}
-    for directory, _, files in os.walk(snapshot):
+    for directory, _dirs, files in os.walk(snapshot):
         for name in files:
             path = os.path.join(directory, name)
             found[os.path.relpath(path, snapshot)] = path
@@ -376,4 +376,3 @@ def human_bytes(count: float) -> str:
             return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
         count /= 1024
     return f"{count:.1f} TiB"
-

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """A local stand-in for the Hugging Face Hub, for tests (standard library only).
 
 It answers the calls huggingface_hub makes to download a model, so that the real client code runs unchanged
@@ -946,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose,
     )
     for item in args.gate:
-        repo_id, _, token = item.partition("=")
+        repo_id, _sep, token = item.partition("=")
         hub.gate(repo_id, token)
 
     done = threading.Event()

@@ -95,7 +95,7 @@ def test_the_edits_sit_where_they_act(vllm_copy):
 EDITS = [(seam, edit) for seam in EDITING for edit in seam.edits if edit.action != "check"]
 
 
-@pytest.mark.parametrize("seam,edit", EDITS, ids=[f"{s.name}-{i}" for i, (s, _) in enumerate(EDITS)])
+@pytest.mark.parametrize("seam,edit", EDITS, ids=[f"{s.name}-{i}" for i, (s, _edit) in enumerate(EDITS)])
 def test_a_drifted_anchor_fails_closed_naming_the_seam(vllm_copy, seam, edit):
     lines = read(vllm_copy, edit.path).splitlines(keepends=True)
     last = seams._find([line.strip() for line in lines], edit.anchor)[0] + len(edit.anchor) - 1

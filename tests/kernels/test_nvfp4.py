@@ -227,12 +227,12 @@ def test_gpu_block_shape_with_masked_tails() -> None:
 def test_sync_free_buffers_are_reused_not_reallocated() -> None:
     pool = filled_pool(4)
     buffers = kernels.SyncFreeBuffers(max_tokens=8)
-    first, _ = kernels.gather_sync_free(pool, topk_indices(8, 16, 4 * BLOCK), buffers=buffers)
+    first, _tables = kernels.gather_sync_free(pool, topk_indices(8, 16, 4 * BLOCK), buffers=buffers)
     second, tables = kernels.gather_sync_free(pool, topk_indices(3, 16, 4 * BLOCK, seed=9), buffers=buffers)
     assert first.data_ptr() == second.data_ptr()
     assert second.shape == (2, 64, FP8_DS_MLA_ROW_BYTES)  # (8 * 16 + 63) // 64 pages
     assert tables.shape == (3, 16) and tables.is_contiguous()
-    other, _ = kernels.gather_sync_free(pool, topk_indices(2, 32, 4 * BLOCK), buffers=buffers)
+    other, _tables = kernels.gather_sync_free(pool, topk_indices(2, 32, 4 * BLOCK), buffers=buffers)
     assert other.data_ptr() != first.data_ptr()  # another top-k width has its own buffer
 
 

@@ -26,8 +26,8 @@ def write(root, path, text):
 
 def mapped(ipv4):
     """The GID the kernel shows for an IPv4 address: ::ffff:a.b.c.d in eight groups of four hex digits."""
-    return ":".join(f"{b:02x}{c:02x}" for b, c in zip(*[iter(bytes(10) + b"\xff\xff"
-                                                           + ipaddress.IPv4Address(ipv4).packed)] * 2, strict=True))
+    raw = bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(ipv4).packed
+    return ":".join(f"{b:02x}{c:02x}" for b, c in zip(*[iter(raw)] * 2, strict=True))
 
 
 def gb10(root, active=("rocep1s0f1", "roceP2p1s0f1"), addresses=None, ipv4_at=3, extra_link_locals=0):

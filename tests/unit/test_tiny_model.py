@@ -103,7 +103,7 @@ def test_default_model_files_and_summary(default_model):
 
 
 def test_sha256sums_cover_every_file_and_pass_sha256sum(default_model):
-    out, _ = default_model
+    out, _result = default_model
     lines = (out / "SHA256SUMS").read_text().splitlines()
     names = [line[66:] for line in lines]
     assert all(re.fullmatch(r"[0-9a-f]{64}  \S+", line) for line in lines)
@@ -114,7 +114,7 @@ def test_sha256sums_cover_every_file_and_pass_sha256sum(default_model):
 
 
 def test_config_is_a_llama_config(default_model):
-    out, _ = default_model
+    out, _result = default_model
     config = read_json(out / "config.json")
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["model_type"] == "llama"
@@ -131,10 +131,10 @@ def test_config_is_a_llama_config(default_model):
 
 
 def test_weights_have_llama_names_shapes_and_dtype(default_model):
-    out, _ = default_model
+    out, _result = default_model
     found = headers(out)
-    assert {name: shape for name, (_, shape, _) in found.items()} == expected_shapes()
-    assert {dtype for _, _, dtype in found.values()} == {"F16"}
+    assert {name: shape for name, (_shard, shape, _dtype) in found.items()} == expected_shapes()
+    assert {dtype for _shard, _shape, dtype in found.values()} == {"F16"}
     with safe_open(out / "model.safetensors", framework="numpy") as f:
         assert np.all(f.get_tensor("model.norm.weight") == 1.0)
         assert np.all(f.get_tensor("model.layers.1.input_layernorm.weight") == 1.0)
@@ -145,7 +145,7 @@ def test_weights_have_llama_names_shapes_and_dtype(default_model):
 
 
 def test_same_seed_from_the_cli_gives_identical_files(default_model, tmp_path):
-    out, _ = default_model
+    out, _result = default_model
     # A separate process: the tokenizer cache does not help, so the tokenizer training itself must be deterministic.
     run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seed", "0"], capture_output=True,
                          text=True, check=False)
@@ -155,14 +155,14 @@ def test_same_seed_from_the_cli_gives_identical_files(default_model, tmp_path):
 
 
 def test_another_seed_gives_other_weights(default_model, tmp_path):
-    out, _ = default_model
+    out, _result = default_model
     tiny.generate(tmp_path, seed=1)
     assert file_sha(tmp_path / "model.safetensors") != file_sha(out / "model.safetensors")
     assert sha256sum_check(tmp_path).returncode == 0
 
 
 def test_tokenizer_loads_round_trips_and_matches_config(default_model):
-    out, _ = default_model
+    out, _result = default_model
     config = read_json(out / "config.json")
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert tok.get_vocab_size() == config["vocab_size"] == 4096
@@ -186,7 +186,7 @@ def test_tokenizer_loads_round_trips_and_matches_config(default_model):
 
 
 def test_chat_template_renders_a_conversation(default_model):
-    out, _ = default_model
+    out, _result = default_model
     tok_config = read_json(out / "tokenizer_config.json")
     # The environment transformers uses for apply_chat_template.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
@@ -224,18 +224,18 @@ def test_sharded_index_covers_every_tensor_once(sharded_model, default_model):
     assert shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
     assert not (out / "model.safetensors").exists()
     found = headers(out)  # also asserts no tensor is stored in two shards
-    assert index["weight_map"] == {name: shard for name, (shard, _, _) in found.items()}
+    assert index["weight_map"] == {name: shard for name, (shard, _shape, _dtype) in found.items()}
     assert set(index["weight_map"]) == set(expected_shapes())
     assert set(index["weight_map"].values()) == set(shards)
-    tensor_bytes = sum(int(np.prod(shape)) * 2 for _, shape, _ in found.values())
+    tensor_bytes = sum(int(np.prod(shape)) * 2 for _shard, shape, _dtype in found.values())
     assert index["metadata"]["total_size"] == tensor_bytes == result["weight_bytes"]
     assert all((out / s).stat().st_size <= 2 * 1024 * 1024 + 4096 for s in shards)  # embeddings alone are 2 MiB
     assert "model.safetensors.index.json" in (out / "SHA256SUMS").read_text()
     assert sha256sum_check(out).returncode == 0
     # Sharding does not change a single value.
-    default_out, _ = default_model
+    default_out, _result = default_model
     with safe_open(default_out / "model.safetensors", framework="numpy") as whole:
-        for name, (shard, _, _) in found.items():
+        for name, (shard, _shape, _dtype) in found.items():
             with safe_open(out / shard, framework="numpy") as part:
                 assert np.array_equal(part.get_tensor(name), whole.get_tensor(name)), name
 
@@ -322,9 +322,9 @@ def test_mla_tensors_match_the_config(mla_model):
                                    inter=config["intermediate_size"], nope=config["qk_nope_head_dim"],
                                    rope=config["qk_rope_head_dim"], v=config["v_head_dim"],
                                    rank=config["kv_lora_rank"])
-    assert {name: shape for name, (_, shape, _) in found.items()} == expected
+    assert {name: shape for name, (_shard, shape, _dtype) in found.items()} == expected
     assert not any(".experts." in name or name.endswith(("k_proj.weight", "v_proj.weight")) for name in found)
-    assert {dtype for _, _, dtype in found.values()} == {"F16"}
+    assert {dtype for _shard, _shape, dtype in found.values()} == {"F16"}
     assert result["parameters"] == sum(int(np.prod(s)) for s in expected.values())
     with safe_open(out / "model.safetensors", framework="numpy") as f:
         assert np.all(f.get_tensor("model.layers.0.self_attn.kv_a_layernorm.weight") == 1.0)
@@ -334,13 +334,13 @@ def test_mla_tensors_match_the_config(mla_model):
 
 
 def test_mla_is_deterministic_and_differs_from_llama(mla_model, default_model, tmp_path):
-    out, _ = mla_model
+    out, _result = mla_model
     run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--arch", "deepseek-mla"],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     assert "DeepseekV2ForCausalLM" in run.stdout
     assert (tmp_path / "SHA256SUMS").read_bytes() == (out / "SHA256SUMS").read_bytes()
-    llama_out, _ = default_model
+    llama_out, _result = default_model
     # The shared tensors come from the same (seed, name) streams; the tokenizer is the same too.
     with safe_open(out / "model.safetensors", framework="numpy") as mla, \
             safe_open(llama_out / "model.safetensors", framework="numpy") as llama:
@@ -360,7 +360,7 @@ def test_mla_target_mib_and_sharding_keep_the_layers_dense(tmp_path):
 
 
 def test_default_arch_is_llama_and_unknown_arch_is_refused(default_model, tmp_path):
-    _, result = default_model
+    _out, result = default_model
     assert result["arch"] == "llama" and result["config"]["architectures"] == ["LlamaForCausalLM"]
     with pytest.raises(ValueError, match="arch must be one of llama, deepseek-mla"):
         tiny.generate(tmp_path / "x", arch="mamba")

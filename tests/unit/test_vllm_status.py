@@ -115,8 +115,8 @@ def test_no_pool_line():
 ])
 def test_real_metrics(name, tokens, blocks, block_size, concurrency, start):
     pool = vs.parse_metrics(data(name))
-    assert (pool.tokens, pool.num_gpu_blocks, pool.block_size, pool.max_concurrency) == (tokens, blocks, block_size,
-                                                                                          concurrency)
+    found = (pool.tokens, pool.num_gpu_blocks, pool.block_size, pool.max_concurrency)
+    assert found == (tokens, blocks, block_size, concurrency)
     assert pool.fallback is False and pool.start_time == start
     assert pool.kv_cache_memory_bytes == 104857600 and pool.cache_dtype == "auto"
     assert pool.labels["kv_cache_layout"] == "None" and pool.labels["kv_cache_dtype_skip_layers"] == "[]"
@@ -236,7 +236,7 @@ def test_log_older_than_the_server_is_stale_and_unused(tmp_path):
 
 
 def test_stale_log_and_no_metrics_pool_fails(tmp_path):
-    link, _ = boot_log(tmp_path, "vllm-1.log", data("cpu-0.32.0-llama.log"), LLAMA_START - 100)
+    link, _path = boot_log(tmp_path, "vllm-1.log", data("cpu-0.32.0-llama.log"), LLAMA_START - 100)
     metrics = vs.parse_metrics(with_label(with_label(info_line("cpu-0.32.0-llama.metrics"), "kv_cache_size_tokens",
                                                      "None"), "num_gpu_blocks", "None")
                                + f"\nprocess_start_time_seconds {LLAMA_START}\n")
@@ -265,7 +265,7 @@ def test_missing_log_and_log_without_pool_line_warn(tmp_path):
 
 
 def test_log_without_a_start_time_is_used_with_a_warning(tmp_path):
-    link, _ = boot_log(tmp_path, "vllm-1.log", data("cpu-0.32.0-llama.log"), 1.0)
+    link, _path = boot_log(tmp_path, "vllm-1.log", data("cpu-0.32.0-llama.log"), 1.0)
     findings = vs.Findings()
     vs.examine_log(findings, str(link))
     assert findings.log.tokens == 51200

@@ -112,7 +112,7 @@ def test_no_kill_once_memory_recovered(watchdog, monkeypatch, tmp_path):
 
 
 def test_the_grace_ends_early_when_everything_exited(watchdog, monkeypatch, tmp_path):
-    recorder, _ = run_trip(watchdog, monkeypatch, tmp_path, [200], alive_after_term=[], available_after=400000)
+    recorder, _metrics = run_trip(watchdog, monkeypatch, tmp_path, [200], alive_after_term=[], available_after=400000)
     assert recorder.sent == [(signal.SIGTERM, [200])]
     assert recorder.now < 0.5
 

@@ -412,37 +412,37 @@ def test_read_marker_absent_or_unreadable(tmp_path):
 
 
 def test_marker_valid_after_writing(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     assert w.marker_valid(str(cache), REPO, REV) is True
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is True
 
 
 def test_marker_invalid_for_another_revision(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     assert w.marker_valid(str(cache), REPO, "f" * 40, w.manifest_hash(entries)) is False
     assert w.marker_valid(str(cache), "org/other", REV) is False
 
 
 def test_marker_invalid_for_another_manifest(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     changed = [*entries[:-1], w.Entry(entries[-1].path, entries[-1].size, sha256=HA)]
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(changed)) is False
 
 
 def test_marker_invalid_when_a_file_is_removed(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     os.unlink(cache / "models--org--name" / "snapshots" / REV / "sub/dir/file.bin")
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is False
 
 
 def test_marker_invalid_when_a_blob_is_removed(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     os.unlink(cache / "models--org--name" / "blobs" / sha256(FILES["config.json"]))  # dangling link
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is False
 
 
 def test_marker_invalid_when_a_file_changes_size(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     blob = cache / "models--org--name" / "blobs" / sha256(FILES["model.safetensors"])
     with open(blob, "r+b") as handle:
         handle.truncate(10)
@@ -451,7 +451,7 @@ def test_marker_invalid_when_a_file_changes_size(tmp_path):
 
 def test_marker_valid_only_stats_the_files(tmp_path):
     # The documented fast path: same size, other bytes, and the marker still says verified.
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     blob = cache / "models--org--name" / "blobs" / sha256(FILES["model.safetensors"])
     blob.write_bytes(b"\xff" * len(FILES["model.safetensors"]))
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is True
@@ -460,7 +460,7 @@ def test_marker_valid_only_stats_the_files(tmp_path):
 
 
 def test_marker_valid_does_not_open_the_weights(tmp_path, monkeypatch):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     opened = []
     real_open = open
 
@@ -490,7 +490,7 @@ def test_write_ref(tmp_path):
 
 
 def test_remove_file_removes_link_and_blob_only(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     repo = cache / "models--org--name"
     victim = next(e for e in entries if e.path == "sub/dir/file.bin")
     w.remove_file(str(cache), REPO, REV, victim)
@@ -516,7 +516,7 @@ def test_remove_file_removes_a_plain_file_in_the_snapshot(tmp_path):
 # ------------------------------------------------------------------------------------------------- space
 
 def test_missing_bytes(tmp_path):
-    cache, entries, _ = make_verified(tmp_path)
+    cache, entries, _marker = make_verified(tmp_path)
     assert w.missing_bytes(str(cache), REPO, REV, entries) == 0
     extra = w.Entry("absent.bin", 1234, sha256=HA)
     assert w.missing_bytes(str(cache), REPO, REV, [*entries, extra]) == 1234
