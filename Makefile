@@ -58,10 +58,10 @@ $(KSTAMP): requirements-kernels.txt
 	$(call venv_install,$(KVENV),requirements-kernels.txt)
 
 # The Ansible ecosystem's own checks, offline once installed (scripts/sanity says what runs); galaxy-importer in a
-# venv of its own (it pins its ansible-lint), shellcheck and ansible-test's pip bootstrap by scripts/bootstrap-sanity.
-# ansible-test units collects and runs tests/unit.
-IVENV := .venv-importer
+# venv of its own (it pins its ansible-lint; keyed and kept like the kernels' one), shellcheck and ansible-test's pip
+# bootstrap by scripts/bootstrap-sanity. ansible-test units collects and runs tests/unit.
 IREQ_HASH := $(shell sha256sum requirements-importer.txt | cut -c1-12)
+IVENV ?= $(HOME)/.cache/sparkfleet/venvs/importer-$(IREQ_HASH)
 ISTAMP := $(IVENV)/.installed-$(IREQ_HASH)
 
 sanity-deps: deps $(ISTAMP)
@@ -71,7 +71,7 @@ $(ISTAMP): requirements-importer.txt
 	$(call venv_install,$(IVENV),requirements-importer.txt)
 
 sanity: sanity-deps
-	scripts/sanity
+	IMPORTER_VENV=$(IVENV) scripts/sanity
 
 lab: deps
 	ansible-playbook playbooks/lab.yml -e lab_nodes=$(NODES)
