@@ -3,8 +3,9 @@ run in so that they can share them.
 
 One 2-node lab (`lab`) serves: molecule's own site scenario runs on it first (a --check run on fresh nodes, then
 converge, idempotence and verify; the `site` fixture), and every later test starts from that converged, serving
-lab. The fabric topologies (`fabric_lab_of`) each get one bare-port lab, converged once through the preflight,
-node and fabric stages and shared by the fabric, node and container-runtime tests.
+lab. The fabric topologies (`fabric_lab`) each get one bare-port lab, converged once through the preflight and
+fabric stages and shared by the fabric tests; the triangle's converge takes the node stage too, and the node and
+container-runtime tests run there.
 """
 
 import os
@@ -27,6 +28,8 @@ LAB_PLAYBOOK = os.path.join(ROOT, "playbooks/lab.yml")
 SITE = os.path.join(ROOT, "site.yml")
 # The fabric topologies with a lab of their own, and their node counts.
 TOPOLOGIES = {"triangle": 3, "ring": 4}
+# The topology whose lab the node and container-runtime tests share (its converge takes the node stage too).
+NODE_TESTS_LAB = "triangle"
 
 
 class Labs:
@@ -55,8 +58,8 @@ class Labs:
                 self.failed[key] = f"creating the {key} lab failed:\n" + output(created)[-4000:]
                 pytest.fail(self.failed[key])
             if key != "main":  # the bare ports come back only through the fabric stage
-                converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
-                                        cmdline="--tags preflight,node,fabric")
+                stages = "preflight,node,fabric" if key == NODE_TESTS_LAB else "preflight,fabric"
+                converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"], cmdline=f"--tags {stages}")
                 lab["converge"] = output(converge)
                 if converge.status != "successful":
                     self.failed[key] = f"converging the {key} lab failed:\n" + lab["converge"][-5000:]
@@ -94,9 +97,10 @@ def lab(labs):
 
 @pytest.fixture(scope="module")
 def fabric_lab(request, labs):
-    """The bare-port lab of a topology (the test's parameter, "ring" by default), converged once through
-    site.yml's preflight, node and fabric stages; lab["converge"] holds that run's output."""
-    return labs.get(getattr(request, "param", "ring"))
+    """The bare-port lab of a topology (the test's parameter, NODE_TESTS_LAB by default), converged once through
+    site.yml's preflight and fabric stages (and the node stage on NODE_TESTS_LAB's); lab["converge"] holds that
+    run's output."""
+    return labs.get(getattr(request, "param", NODE_TESTS_LAB))
 
 
 def labs_used(item):
@@ -105,7 +109,7 @@ def labs_used(item):
     used = {"main"} if "lab" in names else set()
     if "fabric_lab" in names:
         callspec = getattr(item, "callspec", None)
-        used.add(callspec.params.get("fabric_lab", "ring") if callspec else "ring")
+        used.add(callspec.params.get("fabric_lab", NODE_TESTS_LAB) if callspec else NODE_TESTS_LAB)
     return used
 
 

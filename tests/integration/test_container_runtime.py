@@ -1,4 +1,4 @@
-"""The container_runtime role against Debian's docker.io, really installed and running in a lab node (the ring
+"""The container_runtime role against Debian's docker.io, really installed and running in a lab node (the triangle
 lab's last node, once the fabric and node tests are done with it).
 
 Lab nodes are unprivileged systemd containers with SYS_ADMIN and NET_ADMIN: dockerd 20.10 runs there on the vfs
@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT, on_node, output, run_playbook
 
 PLAYBOOK = os.path.join(ROOT, "tests/integration/playbooks/container_runtime.yml")
-NODE = "node3"  # on the ring lab, after its fabric and node tests
+NODE = "node2"  # on the triangle lab, after its fabric and node tests
 ADMIN_KEYS = {"debug": True, "log-opts": {"labels": "rank"}}
 
 

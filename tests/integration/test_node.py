@@ -1,4 +1,4 @@
-"""The node stage on a lab (the ring's four nodes, converged once for the fabric tests too): kernel memory
+"""The node stage on a lab (the triangle's three nodes, converged once for the fabric tests too): kernel memory
 settings written (not applied: a container shares the host's kernel) and the memory watchdog running, also after
 the node restarts."""
 
@@ -14,7 +14,7 @@ NODE = os.path.join(ROOT, "playbooks/node.yml")
 
 @pytest.fixture(scope="module")
 def converged(fabric_lab):
-    """The node stage's output from the ring lab's converge (site.yml's preflight, node and fabric stages)."""
+    """The node stage's output from the triangle lab's converge (site.yml's preflight, node and fabric stages)."""
     return fabric_lab["converge"]
 
 
