@@ -17,7 +17,9 @@ import time
 import pytest
 import sourcefile
 import yaml
-from runner import output, run_playbook, task_names  # noqa: F401 (the tests import them from here)
+
+# The tests import these from here.
+from runner import output, run_playbook, task_names  # noqa: F401  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Another name lets a second test run use a lab of its own beside a running one.

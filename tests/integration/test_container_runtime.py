@@ -50,7 +50,7 @@ def converged(fabric_lab, tmp_path_factory):
 
 def test_the_engine_runs_with_the_merged_configuration(converged, fabric_lab):
     assert daemon_json(fabric_lab) == {"debug": True, "log-driver": "json-file",
-                                "log-opts": {"labels": "rank", "max-size": "100m", "max-file": "3"}}
+                                       "log-opts": {"labels": "rank", "max-size": "100m", "max-file": "3"}}
     assert on_node(fabric_lab, NODE, "systemctl", "is-active", "docker").stdout.strip() == "active"
     info = on_node(fabric_lab, NODE, "docker", "info", "--format", "{{.LoggingDriver}} {{.Debug}}").stdout
     assert info.split() == ["json-file", "true"]

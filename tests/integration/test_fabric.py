@@ -65,7 +65,7 @@ def test_the_plan_is_printed_and_every_cable_is_configured_and_pinged(fabric_lab
         line = f"enp1s0f0np0 {expected_address(subnet, a[0])}/24 MTU 9000 -> {b[0]} {expected_address(subnet, b[0])}"
         assert line in said.split(f" {a[0]}: ", 1)[1], line
     assert_configured(fabric_lab)
-    nodes, _ = hosts(fabric_lab)
+    nodes, _cluster = hosts(fabric_lab)
     for node in nodes:
         # each node's own summary: two neighbours on a triangle and on a ring, one ping task each
         summary = re.search(rf"{node} \({fabric_lab['topology']}\): (.*?) bytes answered", said)
@@ -80,7 +80,7 @@ def test_the_plan_is_printed_and_every_cable_is_configured_and_pinged(fabric_lab
 
 @EVERY_TOPOLOGY
 def test_each_rank_gets_its_environment_with_sockets_on_the_management_network(fabric_lab):
-    nodes, _ = hosts(fabric_lab)
+    nodes, _cluster = hosts(fabric_lab)
     for node, values in nodes.items():
         assert on_node(fabric_lab, node, "stat", "-c", "%a", "/etc/sparkfleet/nccl.env").stdout.strip() == "600"
         text = on_node(fabric_lab, node, "cat", "/etc/sparkfleet/nccl.env").stdout
@@ -97,7 +97,7 @@ def test_each_rank_gets_its_environment_with_sockets_on_the_management_network(f
 
 @EVERY_TOPOLOGY
 def test_hosts_name_each_neighbour_and_the_admin_logs_in_without_a_prompt(fabric_lab):
-    for (node, _), (peer, _), subnet in cables(fabric_lab):
+    for (node, _cage), (peer, _peer_cage), subnet in cables(fabric_lab):
         text = on_node(fabric_lab, node, "cat", "/etc/hosts").stdout
         assert f"{expected_address(subnet, peer)} {peer}-fabric" in text.splitlines()
         login = on_node(fabric_lab, node, "su", "-", "spark", "-c",
@@ -110,7 +110,7 @@ def test_service_ports_answer_the_cluster_only(fabric_lab):
     nodes, cluster = hosts(fabric_lab)
     port = 29521  # the tiny profile's master (rendezvous) port
     on_node(fabric_lab, "node1", "sh", "-c", f"timeout 30 python3 -m http.server {port} >/dev/null 2>&1 &")
-    (a, _), (b, _), subnet = cables(fabric_lab)[0]
+    (a, _cage), (b, _peer_cage), subnet = cables(fabric_lab)[0]
     probe = f"import socket; socket.create_connection(('{expected_address(subnet, b)}', {port}), 5); print('ok')"
     assert on_node(fabric_lab, a, "python3", "-c", probe).stdout.strip() == "ok"
     # this machine is on the management network but not a node: its packets are dropped

@@ -348,7 +348,7 @@ def test_pin_too_small_for_the_plan(boot, playbook, tmp_path):
 def test_pool_larger_than_planned_and_max_model_len(boot, playbook, tmp_path):
     server = boot("mla", KV_SIZES[1])
     tokens = server_pool(server)
-    status, res, _ = kv_pool(playbook, tmp_path, "large", url=server.url, api_key=server.api_key,
+    status, res, _text = kv_pool(playbook, tmp_path, "large", url=server.url, api_key=server.api_key,
                              expected_tokens=tokens // 3, max_model_len=2048, canary=False)
     assert status == "failed"
     assert "more than planned" in res["msg"] and "the KV pin is missing" in res["msg"]
