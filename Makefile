@@ -16,8 +16,9 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
-	@echo "make test         everything CI runs: lint, unit, kernels, image, integration (with molecule's site"
-	@echo "                  scenario on its lab), host (timed per stage)"
+	@echo "make test         everything CI runs: lint, sanity (with the unit tests), kernels, image, integration (with"
+	@echo "                  molecule's site scenario on its lab), host (timed per stage)"
+	@echo "make unit         the unit tests alone, with pytest"
 	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, idempotence,"
 	@echo "                  verify, destroy)"
 	@echo "make sanity       the Ansible ecosystem's checks: ansible-test sanity and units, galaxy-importer on the"
@@ -86,8 +87,9 @@ site: deps
 lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
+# The unit tests run inside `sanity`, under ansible-test units (the same tests/unit `make unit` runs with pytest).
 test:
-	@scripts/run-stages deps lint sanity unit kernels image integration host
+	@scripts/run-stages deps lint sanity kernels image integration host
 
 lint: deps
 	ansible-lint

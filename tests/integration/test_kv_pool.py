@@ -349,7 +349,7 @@ def test_pool_larger_than_planned_and_max_model_len(boot, playbook, tmp_path):
     server = boot("mla", KV_SIZES[1])
     tokens = server_pool(server)
     status, res, _text = kv_pool(playbook, tmp_path, "large", url=server.url, api_key=server.api_key,
-                             expected_tokens=tokens // 3, max_model_len=2048, canary=False)
+                                 expected_tokens=tokens // 3, max_model_len=2048, canary=False)
     assert status == "failed"
     assert "more than planned" in res["msg"] and "the KV pin is missing" in res["msg"]
     assert "max_model_len lowered to 512 (the plan says 2,048" in res["msg"]
