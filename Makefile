@@ -106,7 +106,7 @@ image: deps
 
 # Triton kernels on CPU tensors under the interpreter, against the PyTorch reference (GPU: files/sparkfleet_nvfp4/bench.py).
 kernels: kernels-deps
-	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider -n auto tests/kernels --durations=5
+	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider -n auto --maxprocesses=4 tests/kernels --durations=5
 
 # One session: the labs are shared between the tests (see tests/integration/conftest.py), and molecule's site
 # scenario runs there on the 2-node lab instead of on a lab of its own.

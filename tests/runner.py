@@ -6,6 +6,7 @@ import re
 import ansible_runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAYBOOK_LIMIT = 2700
 
 
 def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None, cwd=None, envvars=None):
@@ -13,8 +14,9 @@ def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None
     os.makedirs(tmp_dir, exist_ok=True)
     env = {"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "false"}
     env.update(envvars or {})
+    # Only a hung run meets the timeout (a converge takes minutes): then the run fails instead of the session.
     kwargs = dict(private_data_dir=str(tmp_dir), playbook=playbook, envvars=env, quiet=True,
-                  extravars=extravars or {}, cmdline=cmdline, project_dir=cwd or ROOT)
+                  extravars=extravars or {}, cmdline=cmdline, project_dir=cwd or ROOT, timeout=PLAYBOOK_LIMIT)
     if inventory:
         kwargs["inventory"] = inventory
     return ansible_runner.run(**kwargs)

@@ -11,6 +11,7 @@ container-runtime tests run there.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -40,41 +41,67 @@ class Labs:
 
     def __init__(self, tmp_path_factory):
         self.tmp_path_factory = tmp_path_factory
-        self.made, self.failed = {}, {}
-        self.last_user = {}  # key -> nodeid of the last collected test that uses that lab
+        self.made, self.failed, self.released = {}, {}, set()
+        self.last_user = {}  # key -> nodeid of the last test that uses that lab, in the order they run
+
+    @staticmethod
+    def extravars(key, base):
+        extravars = {"lab_name": LAB_NAME if key == "main" else f"{LAB_NAME}-{key}",
+                     "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
+        if key != "main":
+            extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
+        return extravars
 
     def get(self, key):
         if key in self.failed:
             pytest.fail(self.failed[key])
+        if key in self.released:  # the run order differs from the one the release points were taken from
+            pytest.fail(f"the {key} lab was already removed after its last test; a test that needs it ran later")
         if key not in self.made:
             base = self.tmp_path_factory.mktemp(key)
-            extravars = {"lab_name": LAB_NAME if key == "main" else f"{LAB_NAME}-{key}",
-                         "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
-            if key != "main":
-                extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
+            extravars = self.extravars(key, base)
             lab = {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base,
                    "topology": key}
             self.made[key] = lab  # before it exists: a half-made lab is removed too
-            created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
-            if created.status != "successful":
-                self.failed[key] = f"creating the {key} lab failed:\n" + output(created)[-4000:]
+            try:
+                created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
+                if created.status != "successful":
+                    raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
+                if key != "main":  # the bare ports come back only through the fabric stage
+                    stages = "preflight,node,fabric" if key == NODE_TESTS_LAB else "preflight,fabric"
+                    converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
+                                            cmdline=f"--tags {stages}")
+                    lab["converge"] = output(converge)
+                    if converge.status != "successful":
+                        raise LabError(f"converging the {key} lab failed:\n" + lab["converge"][-5000:])
+            except Exception as exc:  # pylint: disable=broad-exception-caught
+                self.failed[key] = str(exc) if isinstance(exc, LabError) else f"making the {key} lab raised {exc!r}"
                 pytest.fail(self.failed[key])
-            if key != "main":  # the bare ports come back only through the fabric stage
-                stages = "preflight,node,fabric" if key == NODE_TESTS_LAB else "preflight,fabric"
-                converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"], cmdline=f"--tags {stages}")
-                lab["converge"] = output(converge)
-                if converge.status != "successful":
-                    self.failed[key] = f"converging the {key} lab failed:\n" + lab["converge"][-5000:]
-                    pytest.fail(self.failed[key])
         return self.made[key]
 
     def release(self, key):
-        lab = self.made.pop(key, None)
+        """Remove a lab; it stays on the list (and is tried again at the session's end) until that succeeds."""
+        lab = self.made.get(key)
         if lab is None:
             return
-        removed = run_playbook(lab["base"] / "destroy", LAB_PLAYBOOK,
+        removed = run_playbook(lab["base"] / f"destroy-{time.monotonic_ns()}", LAB_PLAYBOOK,
                                extravars=dict(lab["extravars"], lab_state="absent"))
-        assert removed.status == "successful", output(removed)[-4000:]
+        assert removed.status == "successful", f"removing the {key} lab failed:\n" + output(removed)[-4000:]
+        del self.made[key]
+        self.released.add(key)
+
+    def release_all(self):
+        problems = []
+        for key in list(self.made):
+            try:
+                self.release(key)
+            except AssertionError as exc:
+                problems.append(str(exc))
+        assert not problems, "\n".join(problems)
+
+
+class LabError(Exception):
+    pass
 
 
 LABS = []  # the session's Labs, for the hooks below
@@ -84,11 +111,16 @@ LABS = []  # the session's Labs, for the hooks below
 def labs(tmp_path_factory):
     made = Labs(tmp_path_factory)
     made.last_user = LAST_USER
+    # Leftovers of an earlier session that was killed (same names): removed before anything is created.
+    for key in ("main", *TOPOLOGIES):
+        base = tmp_path_factory.mktemp(f"stale-{key}")
+        stale = run_playbook(base / "remove", LAB_PLAYBOOK,
+                             extravars=dict(Labs.extravars(key, base), lab_state="absent"))
+        assert stale.status == "successful", output(stale)[-4000:]
     LABS.append(made)
     yield made
     LABS.remove(made)
-    for key in list(made.made):
-        made.release(key)
+    made.release_all()
 
 
 @pytest.fixture(scope="session")
@@ -127,25 +159,36 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
                 "test_node", "test_container_runtime")
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter and any deselection
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter
 def pytest_collection_modifyitems(items):
     def rank(item):
         name = item.module.__name__.rsplit(".", 1)[-1]
-        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+        if name not in MODULE_ORDER:
+            raise pytest.UsageError(f"{item.nodeid}: found a module that tests/integration/conftest.py's MODULE_ORDER "
+                                    "does not name; expected every module there; fix: add it where its labs allow")
+        return MODULE_ORDER.index(name)
     items.sort(key=rank)  # stable: each module keeps its own order
+
+
+def pytest_collection_finish(session):
+    """The release points, from the order the tests will really run in (after every plugin's reordering and
+    deselection)."""
     LAST_USER.clear()
-    for item in items:
+    for item in session.items:
         for key in labs_used(item):
             LAST_USER[key] = item.nodeid
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """A lab goes as soon as the last test that uses it is done (a -k selection keeps it to the session's end)."""
+    """A lab goes as soon as the last test that uses it is done."""
     for made in LABS:
         for key, nodeid in made.last_user.items():
             if nodeid == item.nodeid and nextitem is not None:
                 made.release(key)
+
+
+MOLECULE_LIMIT = 3600  # only a hung run meets it: the whole scenario takes minutes
 
 
 def molecule(lab, step_args, base):
@@ -155,9 +198,16 @@ def molecule(lab, step_args, base):
                SPARKFLEET_LAB_INVENTORY_DIR=lab["extravars"]["lab_inventory_dir"],
                SPARKFLEET_LAB_STATE_DIR=lab["extravars"]["lab_state_dir"],
                MOLECULE_EPHEMERAL_DIRECTORY=str(base / "molecule"), ANSIBLE_FORCE_COLOR="false", PY_COLORS="0")
-    proc = subprocess.run(["molecule", *step_args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          check=False, timeout=3600)
-    return proc.returncode, re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    # Its own session, so that a timeout ends molecule's ansible-playbook and ssh children too, by its group.
+    with subprocess.Popen(["molecule", *step_args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+        try:
+            text, _unused = proc.communicate(timeout=MOLECULE_LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            text, _unused = proc.communicate(timeout=60)
+            text += f"\n[molecule ended after {MOLECULE_LIMIT} s]"
+    return proc.returncode, re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 @pytest.fixture(scope="session")
@@ -181,7 +231,7 @@ def lab_inventory_copy(lab, tmp_path):
     return target
 
 
-def wait_until(ready, what, progress=None, stall=180, poll=2.0, limit=3600):
+def wait_until(ready, what, progress=None, stall=180, poll=2.0, limit=900):
     """Poll ready() until it is truthy; returns its value. The wait is bounded by progress, not by a guess of how
     long the machine takes: it fails once progress() (any snapshot that changes while the awaited thing is moving,
     e.g. a log's size or a process tree's CPU time) has stayed the same for `stall` seconds, and only a hung test
