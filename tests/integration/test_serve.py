@@ -158,12 +158,14 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
         runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
                               extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2})
         assert runner.status == "successful", output(runner)[-4000:]  # the units start; the engine cannot
+
         def gave_up():
             state = unit(lab, "node0")
             # an unbounded loop keeps the unit moving: it fails here, at once, instead of waiting for no progress
             assert int(state.get("NRestarts", 0)) <= 2, f"the head restarted {state['NRestarts']} times: the start " \
                 "limit of 2 starts did not stop it"
             return state["ActiveState"] == "failed"
+
         wait_for(lab, gave_up, "the head to stop restarting")
         assert int(unit(lab, "node0")["NRestarts"]) >= 1  # it did restart by itself before giving up
         wait_for(lab, lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
