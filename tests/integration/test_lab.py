@@ -2,6 +2,7 @@
 its plays. (These run while the lab's nodes are still fresh, before molecule's site scenario converges them.)"""
 
 import os
+import subprocess
 from pathlib import Path
 
 from conftest import ROOT, output, run_playbook, task_names
@@ -39,3 +40,20 @@ def test_stage_tags_select_plays(lab, tmp_path):
     skipped = run_playbook(tmp_path / "none", site, inventory=lab["inventory"], cmdline="--tags no-such-stage")
     assert skipped.status == "successful"
     assert "Validate the inventory on the controller" not in task_names(skipped)
+
+
+def test_check_mode_on_a_lab_that_does_not_exist_changes_nothing(lab, tmp_path):
+    """A preview of a new lab (networks and containers it would create): it succeeds and creates nothing."""
+    name = lab["extravars"]["lab_name"] + "-preview"
+    check = run_playbook(tmp_path / "check", os.path.join(ROOT, "playbooks/lab.yml"), cmdline="--check",
+                         extravars={"lab_name": name, "lab_nodes": 3, "lab_fabric_topology": "triangle",
+                                    "lab_inventory_dir": str(tmp_path / "inventory"),
+                                    "lab_state_dir": str(tmp_path / "state")})
+    assert check.status == "successful", output(check)[-4000:]
+    assert check.stats["changed"].get("localhost", 0) > 0  # it says what it would do
+    made = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    made += subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert not [n for n in made if n.startswith(name)]
+    assert not (tmp_path / "inventory").exists() and not (tmp_path / "state").exists()
