@@ -42,7 +42,7 @@ def test_stage_tags_select_plays(lab, tmp_path):
     assert "Validate the inventory on the controller" not in task_names(skipped)
 
 
-def test_check_mode_on_a_lab_that_does_not_exist_changes_nothing(lab, tmp_path):
+def test_check_mode_on_a_lab_that_does_not_exist_creates_nothing(lab, tmp_path):
     """A preview of a new lab (networks and containers it would create): it succeeds and creates nothing."""
     name = lab["extravars"]["lab_name"] + "-preview"
     check = run_playbook(tmp_path / "check", os.path.join(ROOT, "playbooks/lab.yml"), cmdline="--check",
