@@ -42,7 +42,13 @@ class Labs:
     def __init__(self, tmp_path_factory):
         self.tmp_path_factory = tmp_path_factory
         self.made, self.failed, self.released = {}, {}, set()
-        self.last_user = {}  # key -> nodeid of the last test that uses that lab, in the order they run
+
+    @staticmethod
+    def remove(extravars, where):
+        """Run the lab playbook's removal for the lab these extravars name."""
+        removed = run_playbook(where, LAB_PLAYBOOK, extravars=dict(extravars, lab_state="absent"))
+        assert removed.status == "successful", f"removing lab {extravars['lab_name']} failed:\n" + \
+            output(removed)[-4000:]
 
     @staticmethod
     def extravars(key, base):
@@ -84,9 +90,7 @@ class Labs:
         lab = self.made.get(key)
         if lab is None:
             return
-        removed = run_playbook(lab["base"] / f"destroy-{time.monotonic_ns()}", LAB_PLAYBOOK,
-                               extravars=dict(lab["extravars"], lab_state="absent"))
-        assert removed.status == "successful", f"removing the {key} lab failed:\n" + output(removed)[-4000:]
+        self.remove(lab["extravars"], lab["base"] / f"destroy-{time.monotonic_ns()}")
         del self.made[key]
         self.released.add(key)
 
@@ -110,13 +114,10 @@ LABS = []  # the session's Labs, for the hooks below
 @pytest.fixture(scope="session")
 def labs(tmp_path_factory):
     made = Labs(tmp_path_factory)
-    made.last_user = LAST_USER
     # Leftovers of an earlier session that was killed (same names): removed before anything is created.
     for key in ("main", *TOPOLOGIES):
         base = tmp_path_factory.mktemp(f"stale-{key}")
-        stale = run_playbook(base / "remove", LAB_PLAYBOOK,
-                             extravars=dict(Labs.extravars(key, base), lab_state="absent"))
-        assert stale.status == "successful", output(stale)[-4000:]
+        Labs.remove(Labs.extravars(key, base), base / "remove")
     LABS.append(made)
     yield made
     LABS.remove(made)
@@ -183,7 +184,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_teardown(item, nextitem):
     """A lab goes as soon as the last test that uses it is done."""
     for made in LABS:
-        for key, nodeid in made.last_user.items():
+        for key, nodeid in LAST_USER.items():
             if nodeid == item.nodeid and nextitem is not None:
                 made.release(key)
 
