@@ -109,9 +109,11 @@ kernels: kernels-deps
 	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider -n auto --maxprocesses=4 tests/kernels --durations=5
 
 # One session: the labs are shared between the tests (see tests/integration/conftest.py), and molecule's site
-# scenario runs there on the 2-node lab instead of on a lab of its own.
+# scenario runs there on the 2-node lab instead of on a lab of its own. The tests of each lab run one after the
+# other on one pytest-xdist worker; the labs' groups (and the tests without a lab) run side by side.
+INTEGRATION_WORKERS ?= 2
 integration: deps
-	pytest tests/integration --durations=25
+	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --durations=25
 
 molecule: deps
 	molecule test -s site

@@ -8,6 +8,7 @@ fabric stages and shared by the fabric tests; the triangle's converge takes the 
 container-runtime tests run there.
 """
 
+import fcntl
 import os
 import re
 import shutil
@@ -111,13 +112,27 @@ class LabError(Exception):
 LABS = []  # the session's Labs, for the hooks below
 
 
+def remove_stale_labs(tmp_path_factory, config):
+    """Leftovers of an earlier session that was killed (same names) are removed before anything is created: once
+    per run, by whichever pytest-xdist worker needs a lab first, while the others wait (a lock and a marker in the
+    run's own directory, which its workers share)."""
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(config, "workerinput"):
+        root = root.parent
+    with open(root / "stale-labs.lock", "w", encoding="ascii") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / "stale-labs.removed"
+        if not done.exists():
+            for key in ("main", *TOPOLOGIES):
+                base = tmp_path_factory.mktemp(f"stale-{key}")
+                Labs.remove(Labs.extravars(key, base), base / "remove")
+            done.touch()
+
+
 @pytest.fixture(scope="session")
-def labs(tmp_path_factory):
+def labs(tmp_path_factory, pytestconfig):
+    remove_stale_labs(tmp_path_factory, pytestconfig)
     made = Labs(tmp_path_factory)
-    # Leftovers of an earlier session that was killed (same names): removed before anything is created.
-    for key in ("main", *TOPOLOGIES):
-        base = tmp_path_factory.mktemp(f"stale-{key}")
-        Labs.remove(Labs.extravars(key, base), base / "remove")
     LABS.append(made)
     yield made
     LABS.remove(made)
@@ -160,8 +175,26 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
                 "test_node", "test_container_runtime")
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter
-def pytest_collection_modifyitems(items):
+# The integration stage runs on pytest-xdist workers (`--dist loadgroup`), one group of tests per worker at a
+# time: each lab's users form one group (a lab is one worker's, created and released there), and every module
+# without a lab is a group of its own (its module fixtures, e.g. the vLLM boots, are made once). Labs in one group
+# run one after the other on their worker; the groups run side by side.
+LAB_GROUPS = {"main": "lab-main", "triangle": "lab-fabric", "ring": "lab-fabric"}
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")  # before xdist reads the marks
+def group_by_lab(items):
+    """Each test's pytest-xdist group, from the labs it uses (LAB_GROUPS) or else its module."""
+    for item in items:
+        groups = {LAB_GROUPS[key] for key in labs_used(item)} or {item.module.__name__.rsplit(".", 1)[-1]}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid}: found a test that uses labs of two groups ({sorted(groups)}); "
+                                    "expected one; fix: put those labs in one group in LAB_GROUPS")
+        item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after pytest's reordering by parameter
+def order_modules(items):
     def rank(item):
         name = item.module.__name__.rsplit(".", 1)[-1]
         if name not in MODULE_ORDER:
@@ -308,7 +341,6 @@ def ensure_cpu_vllm(venv=CPU_VLLM_VENV, requirement=CPU_VLLM_REQUIREMENT):
     wheel) under ~/.cache/sparkfleet/wheelhouse; the venv is reused by later sessions once its marker names
     the same requirement. An interrupted install is removed and redone.
     """
-    import fcntl
     import json
     import subprocess
     import sys
