@@ -182,8 +182,9 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
 LAB_GROUPS = {"main": "lab-main", "triangle": "lab-fabric", "ring": "lab-fabric"}
 
 
+# (pytest registers only functions named pytest_*; specname binds these two to one hook, in two places of its order)
 @pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")  # before xdist reads the marks
-def group_by_lab(items):
+def pytest_collection_modifyitems_groups(items):
     """Each test's pytest-xdist group, from the labs it uses (LAB_GROUPS) or else its module."""
     for item in items:
         groups = {LAB_GROUPS[key] for key in labs_used(item)} or {item.module.__name__.rsplit(".", 1)[-1]}
@@ -194,7 +195,7 @@ def group_by_lab(items):
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after pytest's reordering by parameter
-def order_modules(items):
+def pytest_collection_modifyitems_order(items):
     def rank(item):
         name = item.module.__name__.rsplit(".", 1)[-1]
         if name not in MODULE_ORDER:
