@@ -113,7 +113,7 @@ kernels: kernels-deps
 # other on one pytest-xdist worker; the labs' groups (and the tests without a lab) run side by side.
 INTEGRATION_WORKERS ?= 2
 integration: deps
-	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --durations=25
+	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --durations=25
 
 molecule: deps
 	molecule test -s site

@@ -175,32 +175,45 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
                 "test_node", "test_container_runtime")
 
 
-# The integration stage runs on pytest-xdist workers (`--dist loadgroup`), one group of tests per worker at a
-# time: each lab's users form one group (a lab is one worker's, created and released there), and every module
-# without a lab is a group of its own (its module fixtures, e.g. the vLLM boots, are made once). Labs in one group
-# run one after the other on their worker; the groups run side by side.
+# The integration stage runs on pytest-xdist workers, one group of tests per worker at a time: each lab's users
+# form one group (a lab is one worker's, created and released there, its tests in MODULE_ORDER), and every module
+# without a lab is a group of its own (its module fixtures, e.g. the vLLM boots, are made once). The groups run
+# side by side. The scheduler sees test ids only, so the groups are named by module here, and the collection
+# checks them against the labs each test really uses.
 LAB_GROUPS = {"main": "lab-main", "triangle": "lab-fabric", "ring": "lab-fabric"}
+MODULE_GROUPS = {"test_lab": "lab-main", "test_bad_inventory": "lab-main", "test_serve": "lab-main",
+                 "test_weights": "lab-main", "test_lab_grow": "lab-main", "test_fabric": "lab-fabric",
+                 "test_node": "lab-fabric", "test_container_runtime": "lab-fabric"}
 
 
-# (pytest registers only functions named pytest_*; specname binds these two to one hook, in two places of its order)
-@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")  # before xdist reads the marks
-def pytest_collection_modifyitems_groups(items):
-    """Each test's pytest-xdist group, from the labs it uses (LAB_GROUPS) or else its module."""
-    for item in items:
-        groups = {LAB_GROUPS[key] for key in labs_used(item)} or {item.module.__name__.rsplit(".", 1)[-1]}
-        if len(groups) > 1:
-            raise pytest.UsageError(f"{item.nodeid}: found a test that uses labs of two groups ({sorted(groups)}); "
-                                    "expected one; fix: put those labs in one group in LAB_GROUPS")
-        item.add_marker(pytest.mark.xdist_group(groups.pop()))
+def module_of(nodeid):
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
-@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after pytest's reordering by parameter
-def pytest_collection_modifyitems_order(items):
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler with MODULE_GROUPS as the scopes (its own `loadgroup` marks do not reach the
+    test ids under pytest 9)."""
+    from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
+
+    class LabGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return MODULE_GROUPS.get(module_of(nodeid), module_of(nodeid))
+
+    return LabGroups(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter
+def pytest_collection_modifyitems(items):
     def rank(item):
-        name = item.module.__name__.rsplit(".", 1)[-1]
+        name = module_of(item.nodeid)
         if name not in MODULE_ORDER:
             raise pytest.UsageError(f"{item.nodeid}: found a module that tests/integration/conftest.py's MODULE_ORDER "
                                     "does not name; expected every module there; fix: add it where its labs allow")
+        groups = {LAB_GROUPS[key] for key in labs_used(item)}
+        if groups and groups != {MODULE_GROUPS.get(name)}:
+            raise pytest.UsageError(f"{item.nodeid}: found a test of group {MODULE_GROUPS.get(name, name)!r} (by its "
+                                    f"module) that uses labs of {sorted(groups)}; expected one group, its labs'; fix: "
+                                    "set the module's group in MODULE_GROUPS (one worker per lab)")
         return MODULE_ORDER.index(name)
     items.sort(key=rank)  # stable: each module keeps its own order
 
