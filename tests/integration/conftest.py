@@ -8,6 +8,7 @@ fabric stages and shared by the fabric tests; the triangle's converge takes the 
 container-runtime tests run there.
 """
 
+import contextlib
 import fcntl
 import os
 import re
@@ -40,9 +41,18 @@ class Labs:
     """The session's labs by key ("main" or a topology): created on first use, removed after the last test that
     uses each (so that two labs' nodes are not kept running side by side for nothing) or at the session's end."""
 
-    def __init__(self, tmp_path_factory):
-        self.tmp_path_factory = tmp_path_factory
+    def __init__(self, tmp_path_factory, run_dir):
+        self.tmp_path_factory, self.run_dir = tmp_path_factory, run_dir
         self.made, self.failed, self.released = {}, {}, set()
+
+    @contextlib.contextmanager
+    def changing(self):
+        """Held around every lab playbook run that creates or removes labs' nodes and networks, across the run's
+        workers: two labs made at once would both take the same free subnet (the lab role picks from the
+        networks that exist when it runs, and Docker refuses the second)."""
+        with open(self.run_dir / "lab-changes.lock", "w", encoding="ascii") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     @staticmethod
     def remove(extravars, where):
@@ -71,7 +81,8 @@ class Labs:
                    "topology": key}
             self.made[key] = lab  # before it exists: a half-made lab is removed too
             try:
-                created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
+                with self.changing():
+                    created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
                 if key != "main":  # the bare ports come back only through the fabric stage
@@ -91,7 +102,8 @@ class Labs:
         lab = self.made.get(key)
         if lab is None:
             return
-        self.remove(lab["extravars"], lab["base"] / f"destroy-{time.monotonic_ns()}")
+        with self.changing():
+            self.remove(lab["extravars"], lab["base"] / f"destroy-{time.monotonic_ns()}")
         del self.made[key]
         self.released.add(key)
 
@@ -112,27 +124,24 @@ class LabError(Exception):
 LABS = []  # the session's Labs, for the hooks below
 
 
-def remove_stale_labs(tmp_path_factory, config):
-    """Leftovers of an earlier session that was killed (same names) are removed before anything is created: once
-    per run, by whichever pytest-xdist worker needs a lab first, while the others wait (a lock and a marker in the
-    run's own directory, which its workers share)."""
+def run_directory(tmp_path_factory, config):
+    """The directory of this test run, which all its pytest-xdist workers share."""
     root = tmp_path_factory.getbasetemp()
-    if hasattr(config, "workerinput"):
-        root = root.parent
-    with open(root / "stale-labs.lock", "w", encoding="ascii") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = root / "stale-labs.removed"
+    return root.parent if hasattr(config, "workerinput") else root
+
+
+@pytest.fixture(scope="session")
+def labs(tmp_path_factory, pytestconfig):
+    made = Labs(tmp_path_factory, run_directory(tmp_path_factory, pytestconfig))
+    # Leftovers of an earlier session that was killed (same names) are removed before anything is created: once
+    # per run, by whichever worker needs a lab first, while the others wait.
+    with made.changing():
+        done = made.run_dir / "stale-labs.removed"
         if not done.exists():
             for key in ("main", *TOPOLOGIES):
                 base = tmp_path_factory.mktemp(f"stale-{key}")
                 Labs.remove(Labs.extravars(key, base), base / "remove")
             done.touch()
-
-
-@pytest.fixture(scope="session")
-def labs(tmp_path_factory, pytestconfig):
-    remove_stale_labs(tmp_path_factory, pytestconfig)
-    made = Labs(tmp_path_factory)
     LABS.append(made)
     yield made
     LABS.remove(made)

@@ -8,14 +8,15 @@ from pathlib import Path
 from conftest import ROOT, on_node, output, run_playbook
 
 
-def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
+def test_lab_grows_to_three_nodes_and_shrinks_back(lab, labs, tmp_path):
     playbook = os.path.join(ROOT, "playbooks/lab.yml")
     # A TP2 group does not become TP3 in place: stop serving first, as an operator re-cabling a cluster would.
     for node in ("node0", "node1"):  # (not installed when no serving test ran before: exit 5, nothing to stop)
         stopped = on_node(lab, node, "systemctl", "stop", "sparkfleet-vllm.service", timeout=180, check=False)
         assert stopped.returncode in (0, 5), stopped.stderr
         assert on_node(lab, node, "systemctl", "is-active", "sparkfleet-vllm.service", check=False).returncode != 0
-    grown = run_playbook(tmp_path / "grow", playbook, extravars=dict(lab["extravars"], lab_nodes=3))
+    with labs.changing():  # new networks: not while another worker's lab is being made
+        grown = run_playbook(tmp_path / "grow", playbook, extravars=dict(lab["extravars"], lab_nodes=3))
     assert grown.status == "successful", output(grown)[-4000:]
     text = Path(lab["inventory"]).read_text()
     assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
@@ -26,7 +27,8 @@ def test_lab_grows_to_three_nodes_and_shrinks_back(lab, tmp_path):
     assert site.status == "successful", output(site)[-4000:]
     assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
 
-    shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])
+    with labs.changing():
+        shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])
     assert shrunk.status == "successful", output(shrunk)[-4000:]
     assert "node2:" not in Path(lab["inventory"]).read_text()
     containers = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
