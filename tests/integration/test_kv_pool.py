@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -131,7 +132,9 @@ class Server:
         start_id = secrets.token_hex(3)
         self.log_file = base / "logs" / f"vllm-{time.strftime('%Y%m%dT%H%M%S')}-{start_id}.log"
         self.link = base / "logs" / "head.log"
-        self.work = base / f"run-{model}-{kv_bytes}-{start_id}"
+        # vLLM binds ZeroMQ sockets under TMPDIR, and a socket path has at most 107 bytes: the boot's scratch
+        # goes under /tmp, not under pytest's own directory (which a pytest-xdist worker makes longer still).
+        self.work = Path(tempfile.mkdtemp(prefix=f"sf-vllm-{model}-{start_id}-", dir="/tmp"))
         for sub in ("tmp", "cache", "inductor"):
             (self.work / sub).mkdir(parents=True)
         self.log_file.parent.mkdir(exist_ok=True)
