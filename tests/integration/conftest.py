@@ -1,11 +1,15 @@
-"""The integration tests' labs, each created once per session and removed at the end, and the order the tests
-run in so that they can share them.
+"""The integration tests' labs, each created once per session and removed after its last test, and the order
+and grouping the tests run in so that they can share them.
 
 One 2-node lab (`lab`) serves: molecule's own site scenario runs on it first (a --check run on fresh nodes, then
 converge, idempotence and verify; the `site` fixture), and every later test starts from that converged, serving
-lab. The fabric topologies (`fabric_lab`) each get one bare-port lab, converged once through the preflight and
-fabric stages and shared by the fabric tests; the triangle's converge takes the node stage too, and the node and
-container-runtime tests run there.
+lab. A second 2-node lab (`weights_lab`), converged through the preflight and fabric stages, takes the weights
+stage's tests and then grows to 3 nodes and back. The fabric topologies (`fabric_lab`) each get one bare-port
+lab, converged once through the preflight and fabric stages and shared by the fabric tests; the triangle's
+converge takes the node stage too, and the node and container-runtime tests run there.
+
+The tests of one lab run one after the other on one pytest-xdist worker; labs and the tests without a lab run
+side by side on the others (see MODULE_GROUPS).
 """
 
 import contextlib
@@ -33,6 +37,10 @@ LAB_PLAYBOOK = os.path.join(ROOT, "playbooks/lab.yml")
 SITE = os.path.join(ROOT, "site.yml")
 # The fabric topologies with a lab of their own, and their node counts.
 TOPOLOGIES = {"triangle": 3, "ring": 4}
+# Every lab of the session, and the stages it is converged through when it is made (the 2-node lab is converged
+# by molecule's scenario, in the tests).
+LAB_KEYS = ("main", "weights", *TOPOLOGIES)
+CONVERGE = {"weights": "preflight,fabric", "triangle": "preflight,node,fabric", "ring": "preflight,fabric"}
 # The topology whose lab the node and container-runtime tests share (its converge takes the node stage too).
 NODE_TESTS_LAB = "triangle"
 
@@ -65,7 +73,7 @@ class Labs:
     def extravars(key, base):
         extravars = {"lab_name": LAB_NAME if key == "main" else f"{LAB_NAME}-{key}",
                      "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
-        if key != "main":
+        if key in TOPOLOGIES:
             extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
         return extravars
 
@@ -85,10 +93,9 @@ class Labs:
                     created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
-                if key != "main":  # the bare ports come back only through the fabric stage
-                    stages = "preflight,node,fabric" if key == NODE_TESTS_LAB else "preflight,fabric"
+                if key in CONVERGE:  # a topology's bare ports come back only through the fabric stage
                     converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
-                                            cmdline=f"--tags {stages}")
+                                            cmdline=f"--tags {CONVERGE[key]}")
                     lab["converge"] = output(converge)
                     if converge.status != "successful":
                         raise LabError(f"converging the {key} lab failed:\n" + lab["converge"][-5000:])
@@ -138,7 +145,7 @@ def labs(tmp_path_factory, pytestconfig):
     with made.changing():
         done = made.run_dir / "stale-labs.removed"
         if not done.exists():
-            for key in ("main", *TOPOLOGIES):
+            for key in LAB_KEYS:
                 base = tmp_path_factory.mktemp(f"stale-{key}")
                 Labs.remove(Labs.extravars(key, base), base / "remove")
             done.touch()
@@ -154,6 +161,13 @@ def lab(labs):
     return labs.get("main")
 
 
+@pytest.fixture(scope="session")
+def weights_lab(labs):
+    """A second 2-node lab (direct cable), converged through the preflight and fabric stages: the weights stage
+    and the lab's growth run there, beside the serving lab's tests on another worker."""
+    return labs.get("weights")
+
+
 @pytest.fixture(scope="module")
 def fabric_lab(request, labs):
     """The bare-port lab of a topology (the test's parameter, NODE_TESTS_LAB by default), converged once through
@@ -165,7 +179,7 @@ def fabric_lab(request, labs):
 def labs_used(item):
     """The keys of the labs a collected test uses."""
     names = set(item.fixturenames)
-    used = {"main"} if "lab" in names else set()
+    used = {key for key, fixture in (("main", "lab"), ("weights", "weights_lab")) if fixture in names}
     if "fabric_lab" in names:
         callspec = getattr(item, "callspec", None)
         used.add(callspec.params.get("fabric_lab", NODE_TESTS_LAB) if callspec else NODE_TESTS_LAB)
@@ -175,10 +189,10 @@ def labs_used(item):
 LAST_USER = {}
 
 
-# Modules in the order they run: the ones without a lab first (their boots and builds do not wait for a lab), then
-# the 2-node lab while its nodes are fresh (the lab playbook, preflight refusals), molecule's site scenario and
-# the serving tests on it, the weights stage beside the running group, the lab growing to 3 nodes last (it
-# re-plans the lab); then the fabric topologies' labs. Within a module pytest's own order is kept.
+# Modules in the order they run (within each group of MODULE_GROUPS): on the 2-node lab, while its nodes are fresh,
+# the lab playbook and preflight refusals, then molecule's site scenario and the serving tests; on the second one
+# the weights stage, then the lab growing to 3 nodes (it re-plans that lab); then the fabric topologies' labs.
+# Within a module pytest's own order is kept.
 MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_collection_build", "test_gb10_rank",
                 "test_lab", "test_bad_inventory", "test_serve", "test_weights", "test_lab_grow", "test_fabric",
                 "test_node", "test_container_runtime")
@@ -189,9 +203,9 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
 # without a lab is a group of its own (its module fixtures, e.g. the vLLM boots, are made once). The groups run
 # side by side. The scheduler sees test ids only, so the groups are named by module here, and the collection
 # checks them against the labs each test really uses.
-LAB_GROUPS = {"main": "lab-main", "triangle": "lab-fabric", "ring": "lab-fabric"}
+LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric"}
 MODULE_GROUPS = {"test_lab": "lab-main", "test_bad_inventory": "lab-main", "test_serve": "lab-main",
-                 "test_weights": "lab-main", "test_lab_grow": "lab-main", "test_fabric": "lab-fabric",
+                 "test_weights": "lab-weights", "test_lab_grow": "lab-weights", "test_fabric": "lab-fabric",
                  "test_node": "lab-fabric", "test_container_runtime": "lab-fabric"}
 
 
@@ -269,9 +283,9 @@ def molecule(lab, step_args, base):
 
 @pytest.fixture(scope="session")
 def site(lab):
-    """site.yml converged and serving on the session lab, through molecule's own site scenario: create (the lab
-    exists, so its playbook must change nothing), a --check run on the still fresh nodes, converge, a second
-    converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests that follow.
+    """site.yml converged and serving on the session lab, through molecule's own site scenario: create (a no-op on
+    a lab the caller names; test_lab runs the lab playbook on it again), a --check run on the still fresh nodes,
+    converge, a second converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests that follow.
     Returns molecule's output, which holds the converge's."""
     code, text = molecule(lab, ["test", "-s", "site", "--destroy", "never"], lab["base"])
     if code != 0:

@@ -1,5 +1,5 @@
-"""The lab grows to three nodes, a converge takes the new node in, and the lab shrinks back. Runs after every
-other test of the 2-node lab (the inventory says TP3 while it is grown)."""
+"""A lab grows to three nodes, a converge takes the new node in, and the lab shrinks back. Runs on the second
+2-node lab after the weights tests (its inventory says TP3 while it is grown); the serving lab is not disturbed."""
 
 import os
 import subprocess
@@ -8,7 +8,8 @@ from pathlib import Path
 from conftest import ROOT, on_node, output, run_playbook
 
 
-def test_lab_grows_to_three_nodes_and_shrinks_back(lab, labs, tmp_path):
+def test_lab_grows_to_three_nodes_and_shrinks_back(weights_lab, labs, tmp_path):
+    lab = weights_lab
     playbook = os.path.join(ROOT, "playbooks/lab.yml")
     # A TP2 group does not become TP3 in place: stop serving first, as an operator re-cabling a cluster would.
     for node in ("node0", "node1"):  # (not installed when no serving test ran before: exit 5, nothing to stop)
@@ -20,12 +21,15 @@ def test_lab_grows_to_three_nodes_and_shrinks_back(lab, labs, tmp_path):
     assert grown.status == "successful", output(grown)[-4000:]
     text = Path(lab["inventory"]).read_text()
     assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
-    # Serving three CPU ranks costs minutes on a 2-core machine; test_serve covers serving (TP2). The lab's
-    # model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
+    # The new node is planned, prepared, cabled and given the weights. Serving three CPU ranks costs minutes on a
+    # 2-core machine, and the image stage installs the same venv on node2 as on the others: test_serve covers both
+    # (TP2). The lab's model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
     site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"],
-                        cmdline="--skip-tags serve,verify")
+                        cmdline="--skip-tags image,serve,verify")
     assert site.status == "successful", output(site)[-4000:]
     assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
+    assert on_node(lab, "node2", "test", "-s", "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu/"
+                   ".sparkfleet-verified.json", check=False).returncode == 0  # the weights reached the new node
 
     with labs.changing():
         shrunk = run_playbook(tmp_path / "shrink", playbook, extravars=lab["extravars"])

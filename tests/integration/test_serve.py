@@ -142,14 +142,15 @@ def test_a_killed_engine_is_reported_and_the_service_comes_back(served, lab, tmp
     text = output(runner)
     assert runner.status == "failed"
     assert re.search(r"503|engine (is )?dead|refus", text), text[-3000:]
-    # systemd restarts the head by itself (bounded); the next run brings every rank back together.
+    # systemd restarts the head by itself (bounded). The group is left so: the next test's serve run restarts every
+    # rank together, and its last run brings the group back and verifies it (one converge and one boot fewer).
     wait_for(lab, lambda: int(unit(lab, "node0").get("NRestarts", 0)) >= 1, "the head's automatic restart")
-    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
-    assert runner.status == "successful", output(runner)[-4000:]
-    assert "verified: tiny-cpu" in output(runner)
+    assert unit(lab, "node0")["ActiveState"] in ("active", "activating")
 
 
 def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
+    """From whatever state the group is in (the test before leaves a head restarted alone), a checkpoint that no
+    longer loads: the head gives up after its start limit and says why; the next site run recovers every rank."""
     repo = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu"
     revision = json.loads(on_node(lab, "node0", "cat", f"{repo}/.sparkfleet-verified.json").stdout)["revision"]
     snapshot = f"{repo}/snapshots/{revision}"
