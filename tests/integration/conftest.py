@@ -285,8 +285,8 @@ def molecule(lab, step_args, base):
 def site(lab):
     """site.yml converged and serving on the session lab, through molecule's own site scenario: create (a no-op on
     a lab the caller names; test_lab runs the lab playbook on it again), a --check run on the still fresh nodes,
-    converge, a second converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests that follow.
-    Returns molecule's output, which holds the converge's."""
+    converge, a second converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests
+    that follow. Returns molecule's output, which holds the converge's."""
     code, text = molecule(lab, ["test", "-s", "site", "--destroy", "never"], lab["base"])
     if code != 0:
         pytest.fail(f"molecule's site scenario failed on the lab (exit {code}):\n{text[-8000:]}")

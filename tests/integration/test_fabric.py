@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT, TOPOLOGIES, on_node, output, run_playbook
+from conftest import ROOT, TOPOLOGIES, on_node, output, run_playbook, wait_until
 
 FABRIC = os.path.join(ROOT, "playbooks/fabric.yml")
 # Each test runs on every topology's lab (the conftest's fabric_lab, shared with the node and runtime tests).
@@ -109,7 +109,9 @@ def test_hosts_name_each_neighbour_and_the_admin_logs_in_without_a_prompt(fabric
 def test_service_ports_answer_the_cluster_only(fabric_lab):
     nodes, cluster = hosts(fabric_lab)
     port = 29521  # the tiny profile's master (rendezvous) port
-    on_node(fabric_lab, "node1", "sh", "-c", f"timeout 30 python3 -m http.server {port} >/dev/null 2>&1 &")
+    on_node(fabric_lab, "node1", "sh", "-c", f"timeout 60 python3 -m http.server {port} >/dev/null 2>&1 &")
+    wait_until(lambda: on_node(fabric_lab, "node1", "sh", "-c", f"ss -Hltn 'sport = :{port}' | grep -q .",
+                               check=False).returncode == 0, f"node1's test server to listen on {port}", stall=45)
     (a, _cage), (b, _peer_cage), subnet = cables(fabric_lab)[0]
     probe = f"import socket; socket.create_connection(('{expected_address(subnet, b)}', {port}), 5); print('ok')"
     assert on_node(fabric_lab, a, "python3", "-c", probe).stdout.strip() == "ok"
