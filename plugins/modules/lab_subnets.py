@@ -77,14 +77,24 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.subnets import free_subnets, host_addresses
 
 
-def docker_networks(module):
-    """{name: [subnets]} of every Docker network."""
-    ids = module.run_command(["docker", "network", "ls", "-q"], check_rc=True)[1].split()
-    if not ids:
-        return {}
-    described = json.loads(module.run_command(["docker", "network", "inspect", *ids], check_rc=True)[1])
-    return {net["Name"]: [cfg["Subnet"] for cfg in ((net.get("IPAM") or {}).get("Config") or []) if cfg.get("Subnet")]
-            for net in described}
+def docker_networks(module, attempts=5):
+    """{name: [subnets]} of every Docker network.
+
+    A network removed between the listing and the inspection (another lab being removed at the same time) makes
+    `docker network inspect` fail for that one id: the listing is then taken again."""
+    for _attempt in range(attempts):
+        ids = module.run_command(["docker", "network", "ls", "-q"], check_rc=True)[1].split()
+        if not ids:
+            return {}
+        rc, out, err = module.run_command(["docker", "network", "inspect", *ids])
+        if rc == 0:
+            return {net["Name"]: [cfg["Subnet"] for cfg in ((net.get("IPAM") or {}).get("Config") or [])
+                                  if cfg.get("Subnet")] for net in json.loads(out)}
+        if not all("no such network" in line.lower() for line in err.strip().splitlines()):
+            break
+    module.fail_json(msg=f"found `docker network inspect` failing (rc {rc}: {err.strip()}); expected the "
+                         "description of every Docker network on this machine; fix: check the Docker engine "
+                         "(`docker network ls`) and run the lab playbook again")
 
 
 def routes(module):

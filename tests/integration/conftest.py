@@ -46,8 +46,8 @@ NODE_TESTS_LAB = "triangle"
 
 
 class Labs:
-    """The session's labs by key ("main" or a topology): created on first use, removed after the last test that
-    uses each (so that two labs' nodes are not kept running side by side for nothing) or at the session's end."""
+    """The session's labs by key (LAB_KEYS: "main", "weights" or a topology): created on first use, removed after
+    the last test that uses each (so that no lab's nodes are kept running for nothing) or at the session's end."""
 
     def __init__(self, tmp_path_factory, run_dir):
         self.tmp_path_factory, self.run_dir = tmp_path_factory, run_dir
@@ -213,6 +213,7 @@ def module_of(nodeid):
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist the suite still runs, in one process
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scope scheduler with MODULE_GROUPS as the scopes (its own `loadgroup` marks do not reach the
     test ids under pytest 9)."""

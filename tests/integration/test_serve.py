@@ -133,7 +133,7 @@ def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):
     assert "not-the-key" not in text and api_key(lab) not in text
 
 
-def test_a_killed_engine_is_reported_and_the_service_comes_back(served, lab, tmp_path):
+def test_a_killed_engine_is_reported_and_systemd_restarts_the_head(served, lab, tmp_path):
     engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
     assert engine, "no EngineCore process on the head"
     on_node(lab, "node0", "kill", "-KILL", *engine)
