@@ -90,7 +90,8 @@ def docker_networks(module, attempts=5):
         if rc == 0:
             return {net["Name"]: [cfg["Subnet"] for cfg in ((net.get("IPAM") or {}).get("Config") or [])
                                   if cfg.get("Subnet")] for net in json.loads(out)}
-        if not all("no such network" in line.lower() for line in err.strip().splitlines()):
+        lines = err.strip().splitlines()
+        if not lines or not all("no such network" in line.lower() for line in lines):
             break
     module.fail_json(msg=f"found `docker network inspect` failing (rc {rc}: {err.strip()}); expected the "
                          "description of every Docker network on this machine; fix: check the Docker engine "

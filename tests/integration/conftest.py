@@ -93,7 +93,7 @@ class Labs:
                     created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
-                if key in CONVERGE:  # a topology's bare ports come back only through the fabric stage
+                if key in CONVERGE:  # (a topology's bare ports come back only through the fabric stage)
                     converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
                                             cmdline=f"--tags {CONVERGE[key]}")
                     lab["converge"] = output(converge)

@@ -32,7 +32,7 @@ def test_host_addresses_from_the_tenth():
 
 
 class FakeModule:
-    """run_command answers from a script of (argv prefix, (rc, out, err)); fail_json raises."""
+    """run_command returns the scripted (rc, out, err) answers in turn and records each argv; fail_json raises."""
 
     def __init__(self, answers):
         self.answers, self.calls = list(answers), []
@@ -62,5 +62,12 @@ def test_a_network_removed_between_listing_and_inspection_is_listed_again():
 def test_another_inspection_failure_is_reported_not_retried():
     module = FakeModule([(0, "aaa\n", ""), (1, "", "permission denied while trying to connect to the daemon\n")])
     with pytest.raises(RuntimeError, match=r"found `docker network inspect` failing \(rc 1: permission denied.*fix: "):
+        docker_networks(module)
+    assert len(module.calls) == 2
+
+
+def test_an_inspection_failure_that_says_nothing_is_reported_not_retried():
+    module = FakeModule([(0, "aaa\n", ""), (1, "", "")])
+    with pytest.raises(RuntimeError, match=r"found `docker network inspect` failing \(rc 1: \)"):
         docker_networks(module)
     assert len(module.calls) == 2
