@@ -88,8 +88,9 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 # The unit tests run inside `sanity`, under ansible-test units (the same tests/unit `make unit` runs with pytest).
+# lint and sanity run beside kernels and image (neither pair keeps both cores busy); integration alone after them.
 test:
-	@scripts/run-stages deps lint sanity kernels image integration host
+	@scripts/run-stages deps "lint sanity | kernels image" integration host
 
 lint: deps
 	ansible-lint

@@ -41,6 +41,10 @@ TOPOLOGIES = {"triangle": 3, "ring": 4}
 # by molecule's scenario, in the tests).
 LAB_KEYS = ("main", "weights", *TOPOLOGIES)
 CONVERGE = {"weights": "preflight,fabric", "triangle": "preflight,node,fabric", "ring": "preflight,fabric"}
+# Each lab's subnets come from a range of its own (the lab role's default range is 10.213.0.0/16), so that labs
+# made at the same time on different workers never pick the same free subnet.
+SUBNET_POOLS = {"main": "10.213.0.0/18", "weights": "10.213.64.0/18", "triangle": "10.213.128.0/18",
+                "ring": "10.213.192.0/18"}
 # The topology whose lab the node and container-runtime tests share (its converge takes the node stage too).
 NODE_TESTS_LAB = "triangle"
 
@@ -55,9 +59,10 @@ class Labs:
 
     @contextlib.contextmanager
     def changing(self):
-        """Held around every lab playbook run that creates or removes labs' nodes and networks, across the run's
-        workers: two labs made at once would both take the same free subnet (the lab role picks from the
-        networks that exist when it runs, and Docker refuses the second)."""
+        """Held, across the run's workers, while an earlier session's leftovers are removed: no lab is made until
+        they are gone. (Labs made at once do not collide: each picks its subnets from a range of its own,
+        SUBNET_POOLS; from one shared range two labs made together would both take the same free subnet, the
+        lab role picking from the networks that exist when it runs, and Docker would refuse the second.)"""
         with open(self.run_dir / "lab-changes.lock", "w", encoding="ascii") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
@@ -72,7 +77,8 @@ class Labs:
     @staticmethod
     def extravars(key, base):
         extravars = {"lab_name": LAB_NAME if key == "main" else f"{LAB_NAME}-{key}",
-                     "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state")}
+                     "lab_inventory_dir": str(base / "inventory"), "lab_state_dir": str(base / "state"),
+                     "lab_subnet_pool": SUBNET_POOLS[key]}
         if key in TOPOLOGIES:
             extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
         return extravars
@@ -89,8 +95,7 @@ class Labs:
                    "topology": key}
             self.made[key] = lab  # before it exists: a half-made lab is removed too
             try:
-                with self.changing():
-                    created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
+                created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
                 if key in CONVERGE:  # (a topology's bare ports come back only through the fabric stage)
@@ -109,8 +114,7 @@ class Labs:
         lab = self.made.get(key)
         if lab is None:
             return
-        with self.changing():
-            self.remove(lab["extravars"], lab["base"] / f"destroy-{time.monotonic_ns()}")
+        self.remove(lab["extravars"], lab["base"] / f"destroy-{time.monotonic_ns()}")
         del self.made[key]
         self.released.add(key)
 
@@ -285,9 +289,9 @@ def molecule(lab, step_args, base):
 @pytest.fixture(scope="session")
 def site(lab):
     """site.yml converged and serving on the session lab, through molecule's own site scenario: create (a no-op on
-    a lab the caller names; test_lab runs the lab playbook on it again), a --check run on the still fresh nodes,
-    converge, a second converge with zero changed tasks, verify. The lab stays up (--destroy never) for the tests
-    that follow. Returns molecule's output, which holds the converge's."""
+    a lab the caller names, which the lab playbook made), a --check run on the still fresh nodes, converge, the
+    lab playbook again, a second converge with zero changed tasks, verify. The lab stays up (--destroy never)
+    for the tests that follow. Returns molecule's output, which holds every step's."""
     code, text = molecule(lab, ["test", "-s", "site", "--destroy", "never"], lab["base"])
     if code != 0:
         pytest.fail(f"molecule's site scenario failed on the lab (exit {code}):\n{text[-8000:]}")

@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names, wait_until
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -44,8 +44,8 @@ def api_key(lab):
 
 @pytest.fixture(scope="module")
 def served(site):
-    """site.yml converged on the lab (molecule's site scenario: check, converge, idempotence, verify): weights,
-    then both ranks serving, then verified; molecule's output, with the converge's."""
+    """site.yml converged on the lab (molecule's site scenario: check, converge, the lab playbook again,
+    idempotence, verify): weights, then both ranks serving, then verified; molecule's output, every step's."""
     return site
 
 
@@ -95,25 +95,39 @@ def test_each_start_logs_to_a_new_file_behind_a_stable_link(served, lab):
     assert first.startswith("sparkfleet: rank 0 start ")
 
 
-def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab, tmp_path):
-    """lab -> site -> lab -> site: the lab playbook and the site never fight over a file (molecule's scenario did
-    the first lab and site runs, and a second site run with zero changes). Driven through ansible_runner.run(),
-    as a user's CI would."""
-    before = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
-    relab = run_playbook(tmp_path / "lab", os.path.join(ROOT, "playbooks/lab.yml"), extravars=lab["extravars"])
-    assert relab.status == "successful", output(relab)[-4000:]
-    assert relab.stats["changed"] == {}, output(relab)[-4000:]
-    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
-    text = output(runner)
-    assert runner.status == "successful" and runner.rc == 0, text[-4000:]
-    assert runner.stats["changed"] == {}, text[-4000:]
-    assert runner.stats["failures"] == {} and runner.stats["dark"] == {}
-    assert set(runner.stats["ok"]) == {"node0", "node1"}
-    assert "Discover what each node has" in task_names(runner)
-    assert "rank 0 head   node0" in text and "rank 1 worker node1" in text
-    assert "GPU none | RDMA none | in a docker container" in text
-    assert "verified: tiny-cpu" in text
-    assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == before
+def molecule_step(text, step):
+    """The output of one step of molecule's site scenario, from its own "[site > step] Executing" line."""
+    found = re.search(rf"\[site > {step}\] Executing\n(.*?)\n\S+\s+\[site > {step}\] Executed", text, re.S)
+    assert found, f"no {step} step in molecule's output:\n{text[-3000:]}"
+    return found.group(1)
+
+
+def recap(step_text):
+    """Each host's counters from a step's PLAY RECAP lines."""
+    return {host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counters)}
+            for host, counters in re.findall(r"^(\S+)\s+: (ok=.*)$", step_text, re.M)}
+
+
+def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab):
+    """lab -> site -> lab -> site: the lab playbook and the site never fight over a file. The session's lab
+    made by the lab playbook, molecule's scenario converges the site, runs the lab playbook again (its
+    side_effect step) and the site a second time (its idempotence step, which fails on any changed task); here
+    the second lab run is seen to change nothing and no rank to have started more than once."""
+    relab = recap(molecule_step(served, "side_effect"))
+    assert relab and "localhost" in relab, molecule_step(served, "side_effect")[-3000:]
+    assert {host: counts["changed"] for host, counts in relab.items()} == dict.fromkeys(relab, 0), relab
+    assert all(counts["failed"] == 0 and counts["unreachable"] == 0 for counts in relab.values()), relab
+    again = molecule_step(served, "idempotence")
+    assert "[site > idempotence] Executed: Successful" in served
+    site = recap(again)
+    assert set(site) == {"node0", "node1"} and all(counts["changed"] == 0 for counts in site.values()), site
+    assert "rank 0 head   node0" in again and "rank 1 worker node1" in again
+    assert "GPU none | RDMA none | in a docker container" in again
+    assert "verified: tiny-cpu" in again
+    for node in ("node0", "node1"):
+        # each start of a rank logs to a new file: one file, no restart, through every run since the converge
+        starts = on_node(lab, node, "sh", "-c", f"ls {LOGS}/vllm-*.log").stdout.split()
+        assert len(starts) == 1 and unit(lab, node)["NRestarts"] == "0", (node, starts, unit(lab, node))
 
 
 def test_check_mode_verifies_the_running_service_and_reports_no_drift(served, lab, tmp_path):
@@ -150,7 +164,8 @@ def test_a_killed_engine_is_reported_and_systemd_restarts_the_head(served, lab, 
 
 def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
     """From whatever state the group is in (the test before leaves a head restarted alone), a checkpoint that no
-    longer loads: the head gives up after its start limit and says why; the next site run recovers every rank."""
+    longer loads: the head gives up after its start limit and says why; the serve stage run again recovers every
+    rank."""
     repo = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu"
     revision = json.loads(on_node(lab, "node0", "cat", f"{repo}/.sparkfleet-verified.json").stdout)["revision"]
     snapshot = f"{repo}/snapshots/{revision}"
@@ -179,8 +194,9 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
         assert unit(lab, "node0")["ActiveState"] == "failed"  # it stays failed: no loop
     finally:
         on_node(lab, "node0", "mv", f"{snapshot}/config.json.away", f"{snapshot}/config.json", check=False)
-    # The next run reports why the rank had stopped, restarts every rank together, and verifies.
-    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"])
+    # The serve stage again, as the marker says (with the preflight before it and the verification after it, as
+    # site.yml runs them): it reports why the rank had stopped, restarts every rank together, and verifies.
+    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve,verify")
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
     assert "sparkfleet-vllm gave up at" in text
