@@ -164,7 +164,9 @@ def prepare(module, rootfs):
 
 
 def build(module, image, suite, packages, mirror):
-    imported = f"{image}-rootfs"
+    # The intermediate tag is this process's own: two labs made at once may both build a missing image, and the
+    # other's untagging must not remove what this build's FROM still needs.
+    imported = f"{image}-rootfs-{os.getpid()}"
     workdir = tempfile.mkdtemp(prefix="sparkfleet-lab-", dir=module.params["work_dir"])
     try:
         rootfs = os.path.join(workdir, "rootfs")

@@ -273,6 +273,7 @@ def molecule(lab, step_args, base):
     env.update(SPARKFLEET_LAB_NAME=lab["extravars"]["lab_name"],
                SPARKFLEET_LAB_INVENTORY_DIR=lab["extravars"]["lab_inventory_dir"],
                SPARKFLEET_LAB_STATE_DIR=lab["extravars"]["lab_state_dir"],
+               SPARKFLEET_LAB_SUBNET_POOL=lab["extravars"]["lab_subnet_pool"],
                MOLECULE_EPHEMERAL_DIRECTORY=str(base / "molecule"), ANSIBLE_FORCE_COLOR="false", PY_COLORS="0")
     # Its own session, so that a timeout ends molecule's ansible-playbook and ssh children too, by its group.
     with subprocess.Popen(["molecule", *step_args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
