@@ -22,16 +22,11 @@ POOL = 87_296  # tiny-cpu over two ranks: 256 MiB / (2 layers x 6 heads x 256 B)
 
 
 def unit(lab, node):
-    """The unit's state as systemd reports it."""
+    """The unit's state as systemd reports it (ExecMainStartTimestampMonotonic: when it last started its main
+    process, in microseconds of systemd's monotonic clock)."""
     text = on_node(lab, node, "systemctl", "show", UNIT, "-p", "ActiveState", "-p", "Result", "-p", "MainPID",
-                   "-p", "NRestarts").stdout
+                   "-p", "NRestarts", "-p", "ExecMainStartTimestampMonotonic").stdout
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
-def started_at(lab, node):
-    """When the rank's unit last started its main process, on systemd's monotonic clock (microseconds)."""
-    text = on_node(lab, node, "systemctl", "show", UNIT, "-p", "ExecMainStartTimestampMonotonic").stdout
-    return int(text.strip().split("=", 1)[1] or 0)
 
 
 def wait_for(lab, predicate, what, stall=180):
@@ -203,11 +198,11 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
     # The serve stage again, as the marker says (with the preflight before it and the verification after it, as
     # site.yml runs them): it reports why the rank had stopped, clears the marker, starts every rank again (the
     # worker too: all ranks restart together) and verifies the group serves.
-    worker_started = started_at(lab, "node1")
+    worker_started = int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"])
     runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve,verify")
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
     assert "sparkfleet-vllm gave up at" in text
     assert "verified: tiny-cpu" in text
     assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
-    assert started_at(lab, "node1") > worker_started
+    assert int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"]) > worker_started
