@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import yaml
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
@@ -34,6 +34,13 @@ def ansible_validate(spec, params):
     return result.error_messages, result.validated_parameters
 
 
+def reaches(task_vars, stage):
+    """Whether this run's --tags/--skip-tags let the stage's play run (site.yml tags each play by its stage)."""
+    run = set(task_vars.get("ansible_run_tags") or ["all"])
+    skipped = set(task_vars.get("ansible_skip_tags") or [])
+    return stage not in skipped and "all" not in skipped and bool(run & {"all", stage})
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -50,11 +57,21 @@ class ActionModule(ActionBase):
         role_specs = load_role_specs()
         prefixes = inventory.checked_prefixes(role_specs)
 
-        hosts = {}
+        hosts, management = {}, {}
         for name in groups.get(inventory.CLUSTER_GROUP, []):
             host = hostvars[name]
             facts = set(host.get("ansible_facts") or {})
-            hosts[name] = {key: host[key] for key in host if key.startswith(prefixes) and key not in facts}
+            hosts[name] = {}
+            for key in host:
+                if key.startswith(prefixes) and key not in facts:
+                    try:
+                        hosts[name][key] = host[key]
+                    except AnsibleError:
+                        # A template that needs what only a later task knows (a fact of the node): its role
+                        # checks it against its argument_specs when it runs.
+                        continue
+            if "ansible_host" in host:
+                management[name] = host["ansible_host"]
 
         def load_profile(name):
             first = hosts[min(hosts)]
@@ -63,7 +80,8 @@ class ActionModule(ActionBase):
             return profiles.load(name, [*user_dirs, profiles.collection_profile_dir()])
 
         problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
-                                                    ansible_validate, load_profile)
+                                                    ansible_validate, load_profile, management=management,
+                                                    weights_stage=reaches(task_vars, "weights"))
         lines = [problem.line() for problem in problems]
         result["changed"] = False
         if lines:

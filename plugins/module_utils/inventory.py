@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import errors, input_rules, kv_capacity, weights
 
 CLUSTER_GROUP = "sparkfleet_cluster"
 HEAD_GROUP = "sparkfleet_head"
@@ -35,7 +35,7 @@ class Problem:
     fix: str
 
     def line(self) -> str:
-        return f"{self.where}: {self.key}: found {self.found}; expected {self.expected}; fix: {self.fix}"
+        return errors.line(self.found, self.expected, self.fix, self.key, self.where)
 
 
 def documented_keys(role_specs: Mapping[str, Mapping[str, Any]]) -> set[str]:
@@ -78,8 +78,10 @@ Validator = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[list[str], M
 
 
 def check_options(where: str, values: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]],
-                  validate: Validator) -> tuple[list[Problem], dict[str, Any]]:
-    """Type, choice and presence of each documented option, one key at a time so each line names its key.
+                  validate: Validator,
+                  context: input_rules.Context | None = None) -> tuple[list[Problem], dict[str, Any]]:
+    """Type, choice, presence and bounds (input_rules) of each documented option, one key at a time so each
+    line names its key.
 
     `validate(spec, params)` returns (errors, converted params); the action plugin passes Ansible's own
     argument validator so conversions match what the roles will see. Returns the problems and the
@@ -87,6 +89,7 @@ def check_options(where: str, values: Mapping[str, Any], options: Mapping[str, M
     """
     problems = []
     clean: dict[str, Any] = {}
+    context = context or input_rules.Context()
     for key, option in sorted(options.items()):
         if key not in values:
             if option.get("required"):
@@ -95,13 +98,53 @@ def check_options(where: str, values: Mapping[str, Any], options: Mapping[str, M
             elif "default" in option:
                 clean[key] = option["default"]
             continue
-        errors, converted = validate({key: dict(option, required=False)}, {key: values[key]})
-        if errors:
-            problems.append(Problem(where, key, repr(values[key]), f"a {_type_name(option)}",
+        found = shown(values[key], option)
+        failures, converted = validate({key: dict(option, required=False)}, {key: values[key]})
+        if failures:
+            problems.append(Problem(where, key, found, f"a {_type_name(option)}",
                                     f"correct {key}: {_first_line(option)}"))
+            continue
+        expected = input_rules.check(key, converted[key], context)
+        if expected:
+            problems.append(Problem(where, key, found, expected, f"correct {key}: {_first_line(option)}"))
         else:
             clean[key] = converted[key]
     return problems, clean
+
+
+def shown(value: Any, option: Mapping[str, Any]) -> str:
+    """How a found value is quoted in a message: a secret (no_log) only by its shape, never its text."""
+    if not option.get("no_log"):
+        return repr(value)
+    if not isinstance(value, str):
+        return f"a secret of type {type(value).__name__}"
+    if not value:
+        return "an empty secret"
+    odd = [name for name, present in (("a line break", "\n" in value or "\r" in value),
+                                      ("a space", " " in value or "\t" in value),
+                                      ("a non-ASCII character", any(ord(c) > 126 for c in value))) if present]
+    return f"a secret of {len(value)} characters" + (f" with {' and '.join(odd)}" if odd else "")
+
+
+def check_role_variables(hosts: Mapping[str, Mapping[str, Any]], role_specs: Mapping[str, Mapping[str, Any]],
+                         validate: Validator, context: input_rules.Context) -> list[Problem]:
+    """Every role variable the inventory sets: its argument_specs type, then its bounds (input_rules).
+
+    Checked here, on the controller, so that a bad value stops the run before the first host is changed
+    rather than when its role is reached. The preflight role's own inventory entries are checked apart."""
+    options: dict[str, Mapping[str, Any]] = {}
+    for role, spec in sorted(role_specs.items()):
+        for entry, body in sorted((spec or {}).items(), key=lambda item: item[0] != "main"):
+            if role == "preflight" and entry in (CLUSTER_ENTRY, NODE_ENTRY):
+                continue
+            for key, option in ((body or {}).get("options") or {}).items():
+                options.setdefault(key, option)
+    problems = []
+    for host in sorted(hosts):
+        values = {key: value for key, value in hosts[host].items() if key in options}
+        found, _clean = check_options(host, values, {key: options[key] for key in values}, validate, context)
+        problems += found
+    return problems
 
 
 def _first_line(option: Mapping[str, Any]) -> str:
@@ -145,24 +188,39 @@ def check_memory_settings(hosts: Mapping[str, Mapping[str, Any]]) -> list[Proble
         sysctls = hosts[host].get(MEMORY_SETTINGS)
         if not isinstance(sysctls, Mapping):
             continue
-        watermark = sysctls.get("vm.watermark_scale_factor")
-        if watermark is not None and int(watermark) > 200:
+        watermark = _whole(sysctls.get("vm.watermark_scale_factor"))
+        if watermark is not None and watermark > 200:
             problems.append(Problem(
                 host, f"{MEMORY_SETTINGS}: vm.watermark_scale_factor", str(watermark),
                 "at most 200 (the field runs 100, 1 %)",
                 "set 100: at 500 the kernel silently hides ~12 GiB from MemAvailable and vLLM's start check "
                 "fails as if memory leaked"))
-        swappiness = sysctls.get("vm.swappiness")
-        if swappiness is not None and int(swappiness) == 0:
+        swappiness = _whole(sysctls.get("vm.swappiness"))
+        if swappiness == 0:
             problems.append(Problem(
                 host, f"{MEMORY_SETTINGS}: vm.swappiness", "0", "a value above 0 (180 with zram)",
                 "set 180: swappiness 0 with zram preceded a 3-node lock-up in the field"))
     return merge_hosts(problems)
 
 
+def _whole(value: Any) -> int | None:
+    """A sysctl value as a number; None where it is not one (input_rules has refused it already)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
 def check_ranks(ranks: Mapping[str, int]) -> list[Problem]:
-    """Ranks are 0..N-1, one per node."""
+    """Ranks are 0..N-1, one per node: each out-of-range rank names its host, then each rank held twice."""
     problems = []
+    for host, rank in sorted(ranks.items()):
+        if not 0 <= rank < len(ranks):
+            problems.append(Problem(host, "sparkfleet_node_rank", str(rank),
+                                    f"a rank from 0 to {len(ranks) - 1} (one per node of {len(ranks)})",
+                                    f"number the nodes 0..{len(ranks) - 1}, once each"))
+    if problems:
+        return problems
     by_rank: dict[int, list[str]] = {}
     for host, rank in ranks.items():
         by_rank.setdefault(rank, []).append(host)
@@ -171,12 +229,7 @@ def check_ranks(ranks: Mapping[str, int]) -> list[Problem]:
             problems.append(Problem(", ".join(sorted(names)), "sparkfleet_node_rank",
                                     f"rank {rank} on {len(names)} nodes", "a unique rank per node",
                                     f"number the nodes 0..{len(ranks) - 1}, once each"))
-    missing = sorted(set(range(len(ranks))) - set(by_rank))
-    if missing and not problems:
-        problems.append(Problem(CLUSTER_GROUP, "sparkfleet_node_rank", f"ranks {sorted(by_rank)}",
-                                f"ranks 0..{len(ranks) - 1} (missing {', '.join(map(str, missing))})",
-                                f"number the nodes 0..{len(ranks) - 1}, once each"))
-    return problems
+    return problems  # N ranks, each in 0..N-1, none twice: every rank is there
 
 
 def check_fabric_addresses(addresses: Mapping[str, str]) -> list[Problem]:
@@ -240,15 +293,116 @@ def check_size(hosts: Iterable[str], tensor_parallel_size: int, profile_name: st
     return problems
 
 
+# vLLM flags sparkfleet sets itself on every rank, and the key that decides each: set in sparkfleet_vllm_args
+# they would be overwritten without a word.
+MANAGED_VLLM_ARGS = {
+    "tensor-parallel-size": "sparkfleet_tensor_parallel_size",
+    "nnodes": "sparkfleet_tensor_parallel_size",
+    "node-rank": "sparkfleet_node_rank",
+    "master-addr": "the head's sparkfleet_fabric_address",
+    "headless": "each node's rank (the head serves, the workers run headless)",
+    "distributed-executor-backend": "sparkfleet_tensor_parallel_size",
+    "served-model-name": "the profile's served_model_name",
+    "host": "vllm_service_host",
+    "api-key": "sparkfleet_api_key",
+}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+# Flags the plan computes with: (test, what is expected).
+VLLM_ARG_RULES: Mapping[str, tuple[Callable[[Any], bool], str]] = {
+    "max-model-len": (_positive_int, "a whole number of tokens, at least 1"),
+    "block-size": (lambda v: _positive_int(v) and v & (v - 1) == 0, "a power of two such as 16 or 64"),
+    "max-num-seqs": (_positive_int, "a whole number, at least 1"),
+    "max-num-batched-tokens": (_positive_int, "a whole number of tokens, at least 1"),
+    "gpu-memory-utilization": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                               "a fraction above 0 and at most 1, such as 0.85"),
+}
+
+
+def check_vllm_args(args: Any) -> list[Problem]:
+    """The inventory's vLLM overrides: flag names as vLLM spells them, none that sparkfleet sets itself, and
+    sound values for the flags the capacity plan computes with."""
+    key = "sparkfleet_vllm_args"
+    problems = []
+    for flag, value in sorted((args or {}).items(), key=lambda item: str(item[0])):
+        where = f"{key}: {flag}"
+        if not isinstance(flag, str) or flag.startswith("-") or not flag:
+            problems.append(Problem(CLUSTER_GROUP, where, "a flag written with its dashes" if isinstance(flag, str)
+                                    else f"a key of type {type(flag).__name__}", "the flag's name without the "
+                                    "leading --, such as max-model-len", "write the flag as vLLM names it, no dashes"))
+            continue
+        if flag in MANAGED_VLLM_ARGS:
+            problems.append(Problem(CLUSTER_GROUP, where, repr(value), "no value: sparkfleet sets this flag on "
+                                    f"every rank from {MANAGED_VLLM_ARGS[flag]}",
+                                    f"remove {flag} from {key} and set {MANAGED_VLLM_ARGS[flag]} instead"))
+            continue
+        if value is None:  # removes the profile's flag
+            continue
+        if flag in VLLM_ARG_RULES and not VLLM_ARG_RULES[flag][0](value):
+            problems.append(Problem(CLUSTER_GROUP, where, repr(value), VLLM_ARG_RULES[flag][1],
+                                    f"correct {flag} in {key}, or set it to null to keep the profile's"))
+        elif flag == "kv-cache-memory-bytes":
+            try:
+                size = kv_capacity.parse_bytes(value)
+            except kv_capacity.PlanError as err:
+                problems.append(Problem(CLUSTER_GROUP, where, err.found, err.expected, err.fix))
+                continue
+            if size is not None and size < 1:
+                problems.append(Problem(CLUSTER_GROUP, where, repr(value), "a positive byte count such as 24G",
+                                        "pin a pool of at least one block, or set it to null to size the pool "
+                                        "by gpu-memory-utilization"))
+    return problems
+
+
+def check_management_apart(management: Mapping[str, str], cluster: Mapping[str, Any]) -> list[Problem]:
+    """No node's management address (how Ansible reaches it) inside a network the fabric will take over: netplan
+    would move the management route onto the fabric port and the controller would lose the node."""
+    subnets = cluster.get("sparkfleet_fabric_subnets") or []
+    key, networks = (("sparkfleet_fabric_subnets", subnets) if subnets
+                     else ("sparkfleet_fabric_supernet", [cluster.get("sparkfleet_fabric_supernet")]))
+    problems = []
+    for host, text in sorted(management.items()):
+        try:
+            address = ipaddress.ip_address(str(text))
+        except ValueError:
+            continue  # a DNS name: the fabric discovery compares the node's real networks
+        for network in networks:
+            if network and address in ipaddress.ip_network(str(network), strict=False):
+                problems.append(Problem(host, key, f"{network}, which holds the node's management address "
+                                        f"{address} (ansible_host)", "fabric networks apart from the management "
+                                        "network", f"choose {key} outside {address}'s network"))
+    return problems
+
+
+def check_revision(profile: Mapping[str, Any], values: Mapping[str, Any]) -> list[Problem]:
+    """A checkpoint from the Hub or a cache at a pinned commit, unless the inventory accepts a moving branch."""
+    checkpoint = profile.get("checkpoint") or {}
+    if checkpoint.get("source") not in ("huggingface", "cache"):
+        return []
+    try:
+        weights.check_revision(checkpoint.get("revision"), bool(values.get("model_weights_allow_branch")))
+    except weights.WeightsError as err:
+        return [Problem(CLUSTER_GROUP, f"profile {profile.get('name')}: checkpoint.revision", err.found,
+                        err.expected, err.fix)]
+    return []
+
+
 def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterable[str],
                      role_specs: Mapping[str, Mapping[str, Any]], validate: Validator,
-                     load_profile: Callable[[str], Mapping[str, Any]]) -> tuple[list[Problem], dict[str, Any] | None]:
+                     load_profile: Callable[[str], Mapping[str, Any]], management: Mapping[str, str] | None = None,
+                     weights_stage: bool = True) -> tuple[list[Problem], dict[str, Any] | None]:
     """All checks of an inventory; returns (problems, plan). The plan is None when there are problems.
 
     hosts: host name -> that host's variables (inventory and extra vars, not facts).
     role_specs: role name -> its parsed meta/argument_specs.yml `argument_specs` mapping.
     load_profile: name -> profile mapping; raises an exception with found/expected/fix attributes
         (profiles.ProfileError) when the profile cannot be used.
+    management: host name -> its ansible_host, where it has one.
+    weights_stage: whether this run reaches the weights stage (its revision pin is checked here, then).
     """
     if not hosts:
         return [Problem(CLUSTER_GROUP, "hosts", "an empty group", "2 to 4 nodes, one per tensor-parallel rank",
@@ -259,19 +413,24 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
     known = documented_keys(role_specs)
     prefixes = checked_prefixes(role_specs)
 
+    context = input_rules.Context(hosts=frozenset(hosts))
     problems: list[Problem] = []
     nodes: dict[str, dict[str, Any]] = {}
     for host in sorted(hosts):
         problems += unknown_keys(host, hosts[host], known, prefixes)
-        found, nodes[host] = check_options(host, hosts[host], node_options, validate)
+        found, nodes[host] = check_options(host, hosts[host], node_options, validate, context)
         problems += found
+    problems += check_role_variables(hosts, role_specs, validate, context)
     problems = merge_hosts(problems)  # a typo in group_vars is one problem, not one per node
     problems += check_same_everywhere(hosts, cluster_options)
-    problems += check_memory_settings(hosts)
-    found, cluster = check_options(CLUSTER_GROUP, hosts[min(hosts)], cluster_options, validate)
+    if not problems:
+        problems += check_memory_settings(hosts)
+    found, cluster = check_options(CLUSTER_GROUP, hosts[min(hosts)], cluster_options, validate, context)
     problems += found
     if problems:  # the cross-host checks below need sound per-host values
         return problems, None
+    problems += check_vllm_args(cluster.get("sparkfleet_vllm_args"))
+    problems += check_management_apart(management or {}, cluster)
 
     ranks = {host: values["sparkfleet_node_rank"] for host, values in nodes.items()}
     problems += check_ranks(ranks)
@@ -286,13 +445,15 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         return problems, None
     problems += check_size(hosts, cluster["sparkfleet_tensor_parallel_size"], profile["name"],
                            profile["tensor_parallel_sizes"])
+    if weights_stage:
+        problems += check_revision(profile, hosts[min(hosts)])
     if problems:
         return problems, None
     try:
         capacity = kv_capacity.plan(profile, cluster["sparkfleet_tensor_parallel_size"],
                                     cluster.get("sparkfleet_vllm_args") or {})
     except kv_capacity.PlanError as err:
-        return [Problem(CLUSTER_GROUP, "sparkfleet_model_profile", err.found, err.expected, err.fix)], None
+        return [Problem(CLUSTER_GROUP, err.key or "sparkfleet_model_profile", err.found, err.expected, err.fix)], None
     problems += [Problem(CLUSTER_GROUP, f"sparkfleet_vllm_args: {key}", found, expected, fix)
                  for key, found, expected, fix in kv_capacity.problems(capacity, profile)]
     if problems:

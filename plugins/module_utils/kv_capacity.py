@@ -26,16 +26,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+
 LANES = (200_000, 500_000, 1_000_000)
 GIB = 1024 ** 3
 
 
-class PlanError(ValueError):
+class PlanError(SparkfleetError):
     """A plan that cannot work: what was found, what was expected, what to do."""
-
-    def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"found {found}; expected {expected}; fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")

@@ -31,15 +31,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+
 # ------------------------------------------------------------------------------------------------- errors
 
 
-class KvPoolError(Exception):
+class KvPoolError(SparkfleetError):
     """What was found, what was expected, what to do (one line)."""
-
-    def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"found {found}; expected {expected}; fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
 
 
 # The likely causes seen in the field, named in failure messages.

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+
 COMMIT = re.compile(r"[0-9a-f]{40}")  # used with fullmatch: "$" would accept a trailing newline
 MARKER = ".sparkfleet-verified.json"
 CHUNK = 8 * 1024 * 1024
@@ -45,12 +47,8 @@ class Entry:
         return self.sha256 or self.git_sha1 or ""
 
 
-class WeightsError(Exception):
+class WeightsError(SparkfleetError):
     """What was found, what was expected, what to do."""
-
-    def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"found {found}; expected {expected}; fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
 
 
 # ---------------------------------------------------------------------------------------------- manifests

@@ -428,6 +428,8 @@ def hub_download(job, filename, revision, force=False, tqdm_class=None):
         raise (hub_errors(job, err)
                or w.WeightsError(f"{filename} failing to download ({err})", "the file",
                                  "rerun: files already verified are kept")) from err
+    except w.WeightsError:  # a refusal of ours from inside the download (a ValueError too): as it is
+        raise
     except (OSError, RuntimeError, ValueError) as err:
         raise w.WeightsError(f"the download of {filename} cut off ({type(err).__name__}: {err})",
                              "a complete transfer from the Hub",

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 # key -> (python types, description of what is expected)
@@ -29,12 +31,8 @@ REQUIRED_KEYS: Mapping[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-class ProfileError(ValueError):
+class ProfileError(SparkfleetError):
     """A profile that cannot be found or read: what was found, what was expected, what to do."""
-
-    def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"found {found}; expected {expected}; fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
 
 
 def collection_profile_dir() -> str:

@@ -1,0 +1,245 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Bounds and shapes of the roles' variables, beyond the type their argument_specs declare.
+
+Ansible's argument specs give each variable a type and, for enums, its choices; they have no ranges, no
+network or size syntax and no reference to the inventory's hosts. This table adds those, one rule per key,
+so that preflight refuses an MTU of 100000, a port of 99999 or a negative zram size before any host is
+touched, instead of a later stage writing it to disk. `tests/unit/test_input_rules.py` holds every numeric
+option of every role to having a rule here, so a new variable cannot go unbounded.
+
+A rule sees the value after Ansible's own type conversion, and a small context (the cluster's host names).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rule may compare against: the names of the cluster's hosts."""
+
+    hosts: frozenset = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`test(value, context)` is true for a good value; `expected` says what a good value is."""
+
+    expected: str
+    test: Callable[[Any, Context], bool]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def between(low: float, high: float, unit: str = "") -> Rule:
+    suffix = f" {unit}" if unit else ""
+    return Rule(f"a number from {low:,} to {high:,}{suffix}",
+                lambda value, _: _number(value) and low <= value <= high)
+
+
+def at_least(low: float, unit: str = "") -> Rule:
+    suffix = f" {unit}" if unit else ""
+    return Rule(f"a number of at least {low:,}{suffix}", lambda value, _: _number(value) and value >= low)
+
+
+def above(low: float, unit: str = "") -> Rule:
+    suffix = f" {unit}" if unit else ""
+    return Rule(f"a number above {low:,}{suffix}", lambda value, _: _number(value) and value > low)
+
+
+def each(rule: Rule) -> Rule:
+    """Every element of a list."""
+    return Rule(f"a list of which every element is {rule.expected}",
+                lambda value, ctx: isinstance(value, list) and all(rule.test(item, ctx) for item in value))
+
+
+def matching(pattern: str, expected: str) -> Rule:
+    compiled = re.compile(pattern)
+    return Rule(expected, lambda value, _: isinstance(value, str) and compiled.fullmatch(value) is not None)
+
+
+def _network(value: Any, version: int | None) -> bool:
+    try:
+        network = ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        return False
+    return isinstance(value, str) and "/" in value and (version is None or network.version == version)
+
+
+PORT = between(1, 65535)
+SECONDS = at_least(1, "seconds")
+# The ConnectX-7 ports take 1280 (the IPv6 minimum) to 9216 bytes, the NIC's largest frame.
+MTU = between(1280, 9216, "bytes")
+IPV4_NETWORK = Rule("an IPv4 network in CIDR form such as 10.100.0.0/16",
+                    lambda value, _: _network(value, 4))
+ANY_NETWORK = Rule("an IPv4 or IPv6 network in CIDR form such as 192.168.1.0/24",
+                   lambda value, _: _network(value, None))
+# Docker's size syntax (--shm-size, log-opts max-size): a whole number with an optional b/k/m/g unit.
+DOCKER_SIZE = matching(r"[1-9][0-9]*[bkmgBKMG]?", "a size such as 32g, 512m or 100m (a number, then b, k, m or g)")
+# The size memory.reclaim takes: a number of bytes with an optional K/M/G suffix.
+RECLAIM_SIZE = matching(r"[1-9][0-9]*[KMGkmg]?", "a size such as 2G or 512M")
+ABSOLUTE_PATH = matching(r"/.*", "an absolute path on the node")
+ABSOLUTE_OR_EMPTY = matching(r"(/.*)?", "an absolute path on the node, or empty")
+URL_OR_EMPTY = matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL, or empty for the Hub itself")
+PINNED_REQUIREMENT = matching(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*",
+                              "one pinned requirement, name==version")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENVIRONMENT = Rule("a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to single-line values",
+                   lambda value, _: isinstance(value, Mapping) and all(
+                       isinstance(key, str) and ENV_NAME.fullmatch(key) and "\n" not in str(item)
+                       for key, item in value.items()))
+USER_NAME = matching(r"[a-z_][a-z0-9_-]*[$]?", "a Unix user name such as spark")
+XID = matching(r"0x[0-9a-fA-F]+|[0-9]+", "an Xid code such as 0x51 or 81")
+SYSCTLS = Rule("a mapping of vm.* sysctl names to whole numbers of at least 0",
+               lambda value, _: isinstance(value, Mapping) and all(
+                   isinstance(key, str) and re.fullmatch(r"vm\.[a-z0-9_]+", key) and _whole(item)
+                   for key, item in value.items()))
+CLUSTER_HOST = Rule("the name of a host in group sparkfleet_cluster",
+                    lambda value, ctx: value in ctx.hosts)
+AUTO_TRUE_FALSE = Rule("auto, true or false",
+                       lambda value, _: str(value).lower() in ("auto", "true", "false", "yes", "no"))
+# An API key travels in an HTTP header: printable ASCII without spaces, and long enough not to be guessed.
+API_KEY = matching(r"[!-~]{16,512}", "16 to 512 printable ASCII characters without spaces or line breaks "
+                                     "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
+
+
+def _whole(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(str(value)) >= 0
+    except ValueError:
+        return False
+
+
+def _clock_range(value: Any, _: Context) -> bool:
+    return value == [] or (isinstance(value, list) and len(value) == 2 and all(_number(v) and v > 0 for v in value)
+                           and value[0] <= value[1])
+
+
+def _image_hosts(value: Any, ctx: Context) -> bool:
+    return value == "auto" or (isinstance(value, list) and bool(value) and all(item in ctx.hosts for item in value))
+
+
+RULES: Mapping[str, Rule] = {
+    # preflight: the inventory itself
+    "sparkfleet_tensor_parallel_size": between(1, 8, "ranks"),
+    "sparkfleet_node_rank": between(0, 7),
+    "sparkfleet_fabric_prefix": between(8, 30, "bits"),
+    "sparkfleet_fabric_mtu": MTU,
+    "sparkfleet_fabric_supernet": IPV4_NETWORK,
+    "sparkfleet_fabric_subnets": each(IPV4_NETWORK),
+    "sparkfleet_api_allowed_sources": each(ANY_NETWORK),
+    "sparkfleet_api_key": API_KEY,
+    # container_runtime
+    "container_runtime_enabled": AUTO_TRUE_FALSE,
+    "container_runtime_nvidia": AUTO_TRUE_FALSE,
+    "container_runtime_docker_users": each(USER_NAME),
+    "container_runtime_log_max_size": DOCKER_SIZE,
+    "container_runtime_log_max_file": between(1, 100, "files"),
+    "container_runtime_daemon_config": ABSOLUTE_PATH,
+    # fabric
+    "fabric_netplan_file": matching(r"/etc/netplan/[^/]+\.yaml", "a file /etc/netplan/<name>.yaml"),
+    "fabric_require_roce": AUTO_TRUE_FALSE,
+    "fabric_apply_timeout": between(1, 3600, "seconds"),
+    "fabric_speed_mbps": between(0, 800000, "Mb/s (0 skips the check)"),
+    "fabric_service_ports": each(PORT),
+    "fabric_api_port": PORT,
+    "fabric_ping_count": between(1, 100, "pings"),
+    # gpu
+    "gpu_driver_branch": between(100, 9999),
+    "gpu_sm_clock_range": Rule("empty, or [lowest, highest] MHz with lowest <= highest", _clock_range),
+    "gpu_load_check_min_mhz": at_least(0, "MHz"),
+    "gpu_load_check_seconds": between(1, 600, "seconds"),
+    "gpu_state_dir": ABSOLUTE_PATH,
+    # lab (the lab's own playbook; checked here when an inventory sets them)
+    "lab_fabric_rails": between(1, 2, "rails"),
+    "lab_fabric_mtu": MTU,
+    "lab_subnet_pool": IPV4_NETWORK,
+    "lab_shm_size": DOCKER_SIZE,
+    # model_weights
+    "model_weights_cache_dir": ABSOLUTE_PATH,
+    "model_weights_fetch_node": CLUSTER_HOST,
+    "model_weights_endpoint": URL_OR_EMPTY,
+    "model_weights_upload_dir": Rule("a directory on the controller, or empty",
+                                     lambda value, _: isinstance(value, str) and "\n" not in value),
+    "model_weights_disk_margin_bytes": at_least(0, "bytes"),
+    "model_weights_rsyncd_port": PORT,
+    "model_weights_bwlimit_kib": at_least(0, "KiB/s (0: no limit)"),
+    "model_weights_hub_requirement": PINNED_REQUIREMENT,
+    "model_weights_tools_venv": ABSOLUTE_PATH,
+    "model_weights_timeout": SECONDS,
+    # nccl
+    "nccl_env_file": ABSOLUTE_PATH,
+    "nccl_env_overrides": ENVIRONMENT,
+    "nccl_probe": AUTO_TRUE_FALSE,
+    "nccl_probe_port": PORT,
+    "nccl_probe_sizes": each(at_least(1, "bytes")),
+    "nccl_probe_bw_bytes": at_least(1, "bytes"),
+    "nccl_probe_min_busbw_gbs": at_least(0, "GB/s"),
+    "nccl_probe_timeout": SECONDS,
+    # node_memory
+    "node_memory_gate_path": ABSOLUTE_PATH,
+    "node_memory_reclaim_path": ABSOLUTE_PATH,
+    "node_memory_sysctls": SYSCTLS,
+    "node_memory_sysctl_file": matching(r"/etc/sysctl\.d/[^/]+\.conf", "a file /etc/sysctl.d/<name>.conf"),
+    "node_memory_zram_device": matching(r"zram[0-9]+", "a zram device name such as zram0"),
+    "node_memory_zram_size_mib": at_least(0, "MiB"),
+    "node_memory_zram_priority": between(-1, 32767),  # swapon's priority range
+    "node_memory_zram_reserve_mib": at_least(0, "MiB"),
+    "node_memory_watchdog_threshold_kib": at_least(1, "KiB"),
+    "node_memory_watchdog_interval": above(0, "seconds"),
+    "node_memory_watchdog_grace": at_least(0, "seconds"),
+    "node_memory_watchdog_min_trip_interval": at_least(0, "seconds"),
+    "node_memory_watchdog_textfile": ABSOLUTE_PATH,
+    "node_memory_settle_floor_bytes": at_least(0, "bytes"),
+    "node_memory_settle_timeout": SECONDS,
+    "node_memory_reclaim_amount": RECLAIM_SIZE,
+    "node_memory_reclaim_below_mib": at_least(0, "MiB"),
+    # python_venv
+    "python_venv_path": ABSOLUTE_PATH,
+    # verify
+    "verify_wait_timeout": SECONDS,
+    "verify_ignored_xids": each(XID),
+    # vllm_image
+    "vllm_image_vllm_version": matching(r"[0-9]+\.[0-9]+\.[0-9]+([.+-][A-Za-z0-9.]+)?",
+                                        "a vLLM version such as 0.33.0"),
+    "vllm_image_hosts": Rule("auto, or a non-empty list of hosts of group sparkfleet_cluster", _image_hosts),
+    "vllm_image_build_node": CLUSTER_HOST,
+    "vllm_image_state_dir": ABSOLUTE_PATH,
+    "vllm_image_compression_level": between(1, 19),  # zstd's regular levels
+    "vllm_image_build_args": ENVIRONMENT,
+    "vllm_image_timeout": SECONDS,
+    # vllm_service
+    "vllm_service_shm_size": DOCKER_SIZE,
+    "vllm_service_venv": ABSOLUTE_PATH,
+    "vllm_service_hub_cache": ABSOLUTE_PATH,
+    "vllm_service_state_dir": ABSOLUTE_PATH,
+    "vllm_service_log_dir": ABSOLUTE_PATH,
+    "vllm_service_log_keep": between(1, 10000, "logs"),
+    "vllm_service_api_key": Rule(API_KEY.expected + ", or empty for no key",
+                                 lambda value, ctx: value == "" or API_KEY.test(value, ctx)),
+    "vllm_service_env": ENVIRONMENT,
+    "vllm_service_nccl_env_file": ABSOLUTE_PATH,
+    "vllm_service_stop_timeout": SECONDS,
+    "vllm_service_start_limit_burst": between(1, 100, "starts"),
+    "vllm_service_start_limit_interval": SECONDS,
+    "vllm_service_restart_delay": at_least(0, "seconds"),
+    "vllm_service_memory_wait_timeout": SECONDS,
+}
+
+
+def check(key: str, value: Any, context: Context) -> str | None:
+    """What a good value of `key` is, when `value` is not one; None when it is (or the key has no rule)."""
+    rule = RULES.get(key)
+    if rule is None or rule.test(value, context):
+        return None
+    return rule.expected

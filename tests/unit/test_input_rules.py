@@ -1,0 +1,172 @@
+"""Every role variable is typed (argument_specs) and bounded (input_rules), and preflight refuses a bad one
+with one line naming the host, the key, what was found, what was expected and the fix."""
+
+import copy
+
+import pytest
+from test_inventory import GOOD, SPECS, lines, validate
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import input_rules
+
+
+def all_options():
+    for role, spec in sorted(SPECS.items()):
+        for entry, body in sorted(spec.items()):
+            for key, option in sorted(((body or {}).get("options") or {}).items()):
+                yield role, entry, key, option
+
+
+def test_every_numeric_option_of_every_role_has_bounds():
+    """A new int or float variable without a rule would reach its role unchecked: name it here first."""
+    numeric = ("int", "float")
+    unbounded = sorted({key for _role, _entry, key, option in all_options()
+                        if (option.get("type") in numeric or option.get("elements") in numeric)
+                        and not option.get("choices") and key not in input_rules.RULES})
+    assert unbounded == []
+
+
+def test_every_rule_is_for_a_documented_option():
+    documented = {key for _role, _entry, key, _option in all_options()}
+    assert sorted(set(input_rules.RULES) - documented) == []
+
+
+@pytest.mark.parametrize("role, entry, key, option", [
+    item for item in all_options() if item[2] in input_rules.RULES and "default" in item[3]
+    and not str(item[3]["default"]).startswith("{{")])
+def test_every_default_passes_its_own_rule(role, entry, key, option):
+    """The shipped defaults are good values (a rule that refused them would refuse every inventory)."""
+    context = input_rules.Context(hosts=frozenset({"node0", "node1"}))
+    default = option["default"]
+    if key.endswith("_api_key") and default in (None, ""):
+        return
+    assert input_rules.check(key, default, context) is None, (role, entry, key, default)
+
+
+def with_group_vars(**values):
+    hosts = copy.deepcopy(GOOD)
+    for host in hosts.values():
+        host.update(values)
+    return hosts
+
+
+# (group_vars, the one line preflight gives). Each is a different class of mistake a user makes.
+BAD_ROLE_VALUES = [
+    ({"fabric_api_port": 99999},
+     "node0, node1: fabric_api_port: found 99999; expected a number from 1 to 65,535; fix: correct fabric_api_port: "),
+    ({"fabric_service_ports": [29501, 0]},
+     "node0, node1: fabric_service_ports: found [29501, 0]; expected a list of which every element is a number "
+     "from 1 to 65,535; fix: "),
+    ({"node_memory_zram_size_mib": -1},
+     "node0, node1: node_memory_zram_size_mib: found -1; expected a number of at least 0 MiB; fix: "),
+    ({"node_memory_watchdog_interval": 0},
+     "node0, node1: node_memory_watchdog_interval: found 0; expected a number above 0 seconds; fix: "),
+    ({"model_weights_transport": "ftp"},
+     "node0, node1: model_weights_transport: found 'ftp'; expected a str (one of ssh, rsyncd); fix: "),
+    ({"vllm_service_runtime": "podman"},
+     "node0, node1: vllm_service_runtime: found 'podman'; expected a str (one of "),
+    ({"gpu_driver_branch": "latest"},
+     "node0, node1: gpu_driver_branch: found 'latest'; expected a int; fix: "),
+    ({"node_memory_sysctls": {"vm.swappiness": "high"}},
+     "node0, node1: node_memory_sysctls: found {'vm.swappiness': 'high'}; expected a mapping of vm.* sysctl names "
+     "to whole numbers of at least 0; fix: "),
+    ({"vllm_service_shm_size": "huge"},
+     "node0, node1: vllm_service_shm_size: found 'huge'; expected a size such as 32g, 512m or 100m"),
+    ({"vllm_image_compression_level": 99},
+     "node0, node1: vllm_image_compression_level: found 99; expected a number from 1 to 19; fix: "),
+    ({"model_weights_fetch_node": "node7"},
+     "node0, node1: model_weights_fetch_node: found 'node7'; expected the name of a host in group "
+     "sparkfleet_cluster; fix: "),
+    ({"gpu_sm_clock_range": [3000, 100]},
+     "node0, node1: gpu_sm_clock_range: found [3000, 100]; expected empty, or [lowest, highest] MHz with lowest "
+     "<= highest; fix: "),
+    ({"vllm_service_env": {"1BAD": "x"}},
+     "node0, node1: vllm_service_env: found {'1BAD': 'x'}; expected a mapping of environment variable names"),
+    ({"model_weights_hub_requirement": "huggingface_hub>=2"},
+     "node0, node1: model_weights_hub_requirement: found 'huggingface_hub>=2'; expected one pinned requirement, "
+     "name==version; fix: "),
+    ({"vllm_service_log_dir": "logs/vllm"},
+     "node0, node1: vllm_service_log_dir: found 'logs/vllm'; expected an absolute path on the node; fix: "),
+    ({"verify_ignored_xids": ["zz"]},
+     "node0, node1: verify_ignored_xids: found ['zz']; expected a list of which every element is an Xid code"),
+]
+
+
+@pytest.mark.parametrize("values, expected", BAD_ROLE_VALUES, ids=[next(iter(v)) for v, _ in BAD_ROLE_VALUES])
+def test_a_bad_role_variable_is_refused_on_the_controller(values, expected):
+    (line,) = lines(with_group_vars(**values))
+    assert line.startswith(expected), line
+
+
+def test_a_role_variable_set_on_one_host_names_that_host():
+    hosts = copy.deepcopy(GOOD)
+    hosts["node1"]["node_memory_zram_size_mib"] = -5
+    (line,) = lines(hosts)
+    assert line.startswith("node1: node_memory_zram_size_mib: found -5;"), line
+
+
+@pytest.mark.parametrize("key, value", [
+    ("sparkfleet_fabric_mtu", 100000), ("sparkfleet_fabric_mtu", 100), ("sparkfleet_fabric_prefix", 33),
+    ("sparkfleet_fabric_supernet", "banana"), ("sparkfleet_fabric_subnets", ["10.0.0.0/33"]),
+    ("sparkfleet_api_allowed_sources", ["not-a-network"]), ("sparkfleet_tensor_parallel_size", 0),
+])
+def test_a_bad_cluster_value_is_refused_with_its_bounds(key, value):
+    (line,) = lines(with_group_vars(**{key: value}))
+    assert line.startswith(f"sparkfleet_cluster: {key}: found {value!r}; expected "), line
+
+
+@pytest.mark.parametrize("key, shape", [("abc\n" * 5, "a secret of 20 characters with a line break"),
+                                        ("", "an empty secret"), ("short", "a secret of 5 characters"),
+                                        ("with space in the key 1234", "a secret of 26 characters with a space")])
+def test_a_bad_api_key_is_described_by_its_shape_never_shown(key, shape):
+    (line,) = lines(with_group_vars(sparkfleet_api_key=key))
+    assert line.startswith(f"sparkfleet_cluster: sparkfleet_api_key: found {shape}; expected 16 to 512 printable")
+    if key:
+        assert key.strip() not in line
+
+
+@pytest.mark.parametrize("args, expected", [
+    ({"max-model-len": -5}, "sparkfleet_vllm_args: max-model-len: found -5; expected a whole number of tokens"),
+    ({"kv-cache-memory-bytes": "lots"}, "sparkfleet_vllm_args: kv-cache-memory-bytes: found 'lots'; expected a "
+                                        "byte count as vLLM reads it"),
+    ({"kv-cache-memory-bytes": 0}, "sparkfleet_vllm_args: kv-cache-memory-bytes: found 0; expected a positive "
+                                   "byte count"),
+    ({"gpu-memory-utilization": 1.5}, "sparkfleet_vllm_args: gpu-memory-utilization: found 1.5; expected a "
+                                      "fraction above 0 and at most 1"),
+    ({"block-size": 48}, "sparkfleet_vllm_args: block-size: found 48; expected a power of two"),
+    ({"tensor-parallel-size": 4}, "sparkfleet_vllm_args: tensor-parallel-size: found 4; expected no value: "
+                                  "sparkfleet sets this flag on every rank from sparkfleet_tensor_parallel_size"),
+    ({"--max-model-len": 4096}, "sparkfleet_vllm_args: --max-model-len: found a flag written with its dashes"),
+])
+def test_bad_vllm_args_are_refused_by_flag(args, expected):
+    found = lines(with_group_vars(sparkfleet_vllm_args=args))
+    assert any(line.startswith(f"sparkfleet_cluster: {expected}") for line in found), found
+
+
+def test_a_null_vllm_arg_removes_the_profiles_flag_and_is_accepted():
+    problems, plan = validate(with_group_vars(sparkfleet_vllm_args={"max-num-seqs": None}))
+    assert problems == [] and "max-num-seqs" not in plan["capacity"]["vllm_args"]
+
+
+def test_the_management_address_inside_the_fabric_is_refused():
+    hosts = with_group_vars(sparkfleet_fabric_subnets=["192.168.1.0/24"])
+    (line,) = lines(hosts, management={"node0": "192.168.1.101", "node1": "192.168.2.5"})
+    assert line == ("node0: sparkfleet_fabric_subnets: found 192.168.1.0/24, which holds the node's management "
+                    "address 192.168.1.101 (ansible_host); expected fabric networks apart from the management "
+                    "network; fix: choose sparkfleet_fabric_subnets outside 192.168.1.101's network")
+
+
+def test_a_management_name_is_left_to_the_fabric_discovery():
+    problems, _plan = validate(copy.deepcopy(GOOD), management={"node0": "spark-a.lan", "node1": "spark-b.lan"})
+    assert problems == []
+
+
+def test_an_unpinned_revision_is_refused_when_the_run_reaches_the_weights_stage():
+    (line,) = lines(copy.deepcopy(GOOD), weights_stage=True)
+    assert line.startswith("sparkfleet_cluster: profile glm-5.3-flash-nvfp4-tp2: checkpoint.revision: found no "
+                           "revision; expected a pinned 40-hex commit hash"), line
+    assert validate(copy.deepcopy(GOOD), weights_stage=False)[0] == []
+
+
+def test_sysctl_values_that_are_not_numbers_do_not_crash_the_memory_checks():
+    found = lines(with_group_vars(node_memory_sysctls={"vm.swappiness": "high", "vm.watermark_scale_factor": "x"}))
+    assert len(found) == 1 and "node_memory_sysctls" in found[0]
