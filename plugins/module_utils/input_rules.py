@@ -152,7 +152,7 @@ RULES: Mapping[str, Rule] = {
     "fabric_apply_timeout": between(1, 3600, "seconds"),
     "fabric_speed_mbps": between(0, 800000, "Mb/s (0 skips the check)"),
     "fabric_service_ports": each(PORT),
-    "fabric_api_port": PORT,
+    "fabric_api_port": between(0, 65535, "(0 leaves the API port to the host's policy)"),
     "fabric_ping_count": between(1, 100, "pings"),
     # gpu
     "gpu_driver_branch": between(100, 9999),

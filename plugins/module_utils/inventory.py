@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,8 @@ def _first_line(option: Mapping[str, Any]) -> str:
     description = option.get("description") or ""
     if isinstance(description, list):
         description = description[0] if description else ""
-    return description.strip().split("\n")[0].rstrip(".")
+    # Ansible's doc markup (C(x), I(x), V(x), O(x), ...) reads as plain words in a message.
+    return re.sub(r"\b[A-Z]\(([^()]*)\)", r"\1", description.strip().split("\n")[0].rstrip("."))
 
 
 def merge_hosts(problems: Iterable[Problem]) -> list[Problem]:
@@ -345,6 +347,11 @@ def check_vllm_args(args: Any) -> list[Problem]:
         if flag in VLLM_ARG_RULES and not VLLM_ARG_RULES[flag][0](value):
             problems.append(Problem(CLUSTER_GROUP, where, repr(value), VLLM_ARG_RULES[flag][1],
                                     f"correct {flag} in {key}, or set it to null to keep the profile's"))
+        elif flag == "speculative-config":
+            try:
+                kv_capacity.speculative_tokens({flag: value})
+            except kv_capacity.PlanError as err:
+                problems.append(Problem(CLUSTER_GROUP, where, err.found, err.expected, err.fix))
         elif flag == "kv-cache-memory-bytes":
             try:
                 size = kv_capacity.parse_bytes(value)

@@ -198,8 +198,8 @@ LAST_USER = {}
 # the weights stage, then the lab growing to 3 nodes (it re-plans that lab); then the fabric topologies' labs.
 # Within a module pytest's own order is kept.
 MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_collection_build", "test_gb10_rank",
-                "test_lab", "test_bad_inventory", "test_serve", "test_weights", "test_lab_grow", "test_fabric",
-                "test_node", "test_container_runtime")
+                "test_lab", "test_bad_inventory", "test_serve", "test_bad_inputs", "test_weights", "test_lab_grow",
+                "test_fabric", "test_node", "test_container_runtime")
 
 
 # The integration stage runs on pytest-xdist workers, one group of tests per worker at a time: each lab's users
@@ -209,7 +209,8 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
 # checks them against the labs each test really uses.
 LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric"}
 MODULE_GROUPS = {"test_lab": "lab-main", "test_bad_inventory": "lab-main", "test_serve": "lab-main",
-                 "test_weights": "lab-weights", "test_lab_grow": "lab-weights", "test_fabric": "lab-fabric",
+                 "test_bad_inputs": "lab-weights", "test_weights": "lab-weights", "test_lab_grow": "lab-weights",
+                 "test_fabric": "lab-fabric",
                  "test_node": "lab-fabric", "test_container_runtime": "lab-fabric"}
 
 

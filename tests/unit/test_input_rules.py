@@ -52,7 +52,8 @@ def with_group_vars(**values):
 # (group_vars, the one line preflight gives). Each is a different class of mistake a user makes.
 BAD_ROLE_VALUES = [
     ({"fabric_api_port": 99999},
-     "node0, node1: fabric_api_port: found 99999; expected a number from 1 to 65,535; fix: correct fabric_api_port: "),
+     "node0, node1: fabric_api_port: found 99999; expected a number from 0 to 65,535 (0 leaves the API port to "
+     "the host's policy); fix: correct fabric_api_port: The OpenAI API port (the profile's port)"),
     ({"fabric_service_ports": [29501, 0]},
      "node0, node1: fabric_service_ports: found [29501, 0]; expected a list of which every element is a number "
      "from 1 to 65,535; fix: "),
