@@ -79,9 +79,15 @@ class ActionModule(ActionBase):
             user_dirs = [os.path.join(base, os.path.expanduser(d)) for d in first.get("sparkfleet_profile_paths") or []]
             return profiles.load(name, [*user_dirs, profiles.collection_profile_dir()])
 
-        problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
-                                                    ansible_validate, load_profile, management=management,
-                                                    weights_stage=reaches(task_vars, "weights"))
+        try:
+            problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
+                                                        ansible_validate, load_profile, management=management,
+                                                        weights_stage=reaches(task_vars, "weights"))
+        except Exception as err:  # a value no check foresaw: still one line, and still before any change
+            raise AnsibleActionFail(
+                f"Inventory check could not finish (nothing was changed on any host): found {type(err).__name__}: "
+                f"{err}; expected every value to be checked or refused with its key; fix: this is a sparkfleet "
+                "bug, please report it with the inventory values that cause it") from err
         lines = [problem.line() for problem in problems]
         result["changed"] = False
         if lines:

@@ -9,7 +9,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import kv_capacity
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import errors, kv_capacity
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import trace
 
 DOCUMENTATION = r"""
 ---
@@ -56,6 +57,7 @@ _value:
 
 def kv_plan(profile: Mapping[str, Any], tensor_parallel_size: int, vllm_args: Mapping[str, Any] | None = None,
             node_memory_bytes: int | None = None) -> dict[str, Any]:
+    trace.event("plan", str(profile.get("name")))
     try:
         result = kv_capacity.plan(profile, int(tensor_parallel_size), vllm_args or {}, node_memory_bytes)
     except kv_capacity.PlanError as err:
@@ -66,7 +68,7 @@ def kv_plan(profile: Mapping[str, Any], tensor_parallel_size: int, vllm_args: Ma
             f"{err}); expected capacity.block_size, capacity.token_layers.<kind>.layers and bytes_per_token, and "
             "numbers where numbers belong (see profiles/tiny-cpu.yml); fix: correct the profile's capacity section"
         ) from err
-    result["problems"] = [f"sparkfleet_vllm_args: {key}: found {found}; expected {expected}; fix: {fix}"
+    result["problems"] = [errors.line(found, expected, fix, f"sparkfleet_vllm_args: {key}", "sparkfleet_cluster")
                           for key, found, expected, fix in kv_capacity.problems(result, profile)]
     result["lines"] = kv_capacity.lines(result)
     return result

@@ -456,17 +456,9 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         problems += check_revision(profile, hosts[min(hosts)])
     if problems:
         return problems, None
-    try:
-        capacity = kv_capacity.plan(profile, cluster["sparkfleet_tensor_parallel_size"],
-                                    cluster.get("sparkfleet_vllm_args") or {})
-    except kv_capacity.PlanError as err:
-        return [Problem(CLUSTER_GROUP, err.key or "sparkfleet_model_profile", err.found, err.expected, err.fix)], None
-    problems += [Problem(CLUSTER_GROUP, f"sparkfleet_vllm_args: {key}", found, expected, fix)
-                 for key, found, expected, fix in kv_capacity.problems(capacity, profile)]
-    if problems:
-        return problems, None
+    # The capacity plan is made once, by the preflight, with the memory node_facts finds (kv_plan).
     plan_nodes = [dict(host=host, rank=ranks[host], role="head" if host in head else "worker",
                        fabric_address=str(nodes[host]["sparkfleet_fabric_address"]))
                   for host in sorted(hosts, key=ranks.__getitem__)]
     public = {key: value for key, value in cluster.items() if not (cluster_options.get(key) or {}).get("no_log")}
-    return [], dict(public, nodes=plan_nodes, profile=dict(profile), capacity=capacity)
+    return [], dict(public, nodes=plan_nodes, profile=dict(profile))

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import trace
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
@@ -58,6 +59,7 @@ def load(name: str, search_dirs: Iterable[str]) -> dict[str, Any]:
     for directory in dirs:
         path = os.path.join(directory, f"{name}.yml")
         if os.path.isfile(path):
+            trace.event("profile", name)
             with open(path, encoding="utf-8") as handle:
                 try:
                     profile = yaml.safe_load(handle)

@@ -20,7 +20,8 @@ ALLOWED = {"Validating arguments against arg spec 'main' - "
            "Validate the inventory and print the cluster plan, changing nothing",
            "Validate the inventory on the controller"}
 
-# (id, group_vars, where, key, found): the refusal's line starts "<where>: <key>: found <found>; expected ".
+# (id, group_vars, where, key, found): the refusal's line starts "<where>: <key>: found <found>; expected " (a found
+# ending in "..." is the start of what was found).
 CASES = [
     # the cluster's own keys: types, bounds, enums, syntax
     ("mtu-too-large", {"sparkfleet_fabric_mtu": 100000}, GROUP, "sparkfleet_fabric_mtu", "100000"),
@@ -45,7 +46,7 @@ CASES = [
      "'two'"),
     ("tp-zero", {"sparkfleet_tensor_parallel_size": 0}, GROUP, "sparkfleet_tensor_parallel_size", "0"),
     ("profile-unknown", {"sparkfleet_model_profile": "no-such-profile"}, GROUP, "sparkfleet_model_profile",
-     "no-such-profile"),
+     "no file no-such-profile.yml in ..."),
     ("profile-bad-name", {"sparkfleet_model_profile": "../etc/passwd"}, GROUP, "sparkfleet_model_profile",
      "'../etc/passwd'"),
     ("topology-unknown", {"sparkfleet_fabric_topology": "star"}, GROUP, "sparkfleet_fabric_topology", "'star'"),
@@ -262,7 +263,12 @@ def refused(inventory, tmp_path):
 
 
 def refusal_line(text, where, key, found):
-    start = f"{where}: {key}: found {found}; expected " if found is not None else f"{where}: {key}: found "
+    if found is None:
+        start = f"{where}: {key}: found "
+    elif found.endswith("..."):
+        start = f"{where}: {key}: found {found[:-3]}"
+    else:
+        start = f"{where}: {key}: found {found}; expected "
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith(start)]
     assert lines, f"no line starting {start!r} in:\n" + text[-3000:]
     assert "; fix: " in lines[0], lines[0]

@@ -44,16 +44,7 @@ def three_nodes_for_tp2(inventory):
             "sparkfleet_cluster, or set sparkfleet_tensor_parallel_size: 3 with a profile that supports it")
 
 
-def context_beyond_the_model(inventory):
-    (inventory / "group_vars").mkdir()
-    (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text(
-        "---\nsparkfleet_vllm_args:\n  max-model-len: 4096\n")
-    return ("sparkfleet_cluster: sparkfleet_vllm_args: max-model-len: found 4,096; expected at most the model's "
-            "limit 2,048; fix: lower max-model-len in sparkfleet_vllm_args or the profile")
-
-
-@pytest.mark.parametrize("breakage", [duplicate_fabric_address, mistyped_key, three_nodes_for_tp2,
-                                      context_beyond_the_model])
+@pytest.mark.parametrize("breakage", [duplicate_fabric_address, mistyped_key, three_nodes_for_tp2])
 def test_bad_inventory_fails_in_preflight(breakage, lab_inventory_copy, tmp_path):
     expected = breakage(lab_inventory_copy)
     runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
@@ -75,11 +66,29 @@ def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_invento
     assert runner.status == "failed"
     assert "Capacity plan refused (nothing was changed on any host):" in text
     line = next(line for line in text.splitlines() if "sparkfleet_vllm_args: kv-cache-memory-bytes: found" in line)
+    assert line.strip().startswith("sparkfleet_cluster: sparkfleet_vllm_args: kv-cache-memory-bytes: found ")
     assert "GiB needed per node (weights 0.02 + runtime 3.00 + KV 400.00 + floor 1.00 + OS 1.00)" in line
     assert "expected at most the node's" in line and "fix: lower the KV pin by at least" in line
     assert runner.stats["changed"] == {}
     plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
     assert "Weights" not in plays
+
+
+def test_a_context_beyond_the_model_is_refused_by_the_one_capacity_plan(lab_inventory_copy, tmp_path):
+    """The plan is computed once, with the nodes' memory: what it refuses, it refuses before any change."""
+    (lab_inventory_copy / "group_vars").mkdir()
+    (lab_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
+        "---\nsparkfleet_vllm_args:\n  max-model-len: 4096\n")
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+    text = output(runner)
+    assert runner.status == "failed"
+    assert "Capacity plan refused (nothing was changed on any host):" in text
+    assert ("sparkfleet_cluster: sparkfleet_vllm_args: max-model-len: found 4,096; expected at most the model's "
+            "limit 2,048; fix: lower max-model-len in sparkfleet_vllm_args or the profile") in \
+        [line.strip() for line in text.splitlines()], text[-3000:]
+    assert runner.stats["changed"] == {}
+    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
+    assert plays == {"Preflight"}
 
 
 def test_an_image_base_without_a_digest_is_refused_before_any_change(lab_inventory_copy, tmp_path):

@@ -132,11 +132,16 @@ def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab):
 
 
 def test_check_mode_verifies_the_running_service_and_reports_no_drift(served, lab, tmp_path):
-    runner = run_playbook(tmp_path, SITE, inventory=lab["inventory"], cmdline="--check")
+    """Every stage, in check mode, on the serving lab: nothing would change, and the one cluster plan is made once
+    (the profile loaded once, the capacity planned once) and read by every stage."""
+    trace = tmp_path / "trace"
+    runner = run_playbook(tmp_path / "run", SITE, inventory=lab["inventory"], cmdline="--check",
+                          envvars={"SPARKFLEET_TRACE": str(trace)})
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
     assert runner.stats["changed"] == {}
     assert "verified: tiny-cpu" in text
+    assert trace.read_text().splitlines() == ["profile tiny-cpu", "plan tiny-cpu"]
 
 
 def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):

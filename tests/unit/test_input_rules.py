@@ -6,7 +6,7 @@ import copy
 import pytest
 from test_inventory import GOOD, SPECS, lines, validate
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import input_rules
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import input_rules, kv_capacity
 
 
 def all_options():
@@ -145,7 +145,9 @@ def test_bad_vllm_args_are_refused_by_flag(args, expected):
 
 def test_a_null_vllm_arg_removes_the_profiles_flag_and_is_accepted():
     problems, plan = validate(with_group_vars(sparkfleet_vllm_args={"max-num-seqs": None}))
-    assert problems == [] and "max-num-seqs" not in plan["capacity"]["vllm_args"]
+    assert problems == []
+    assert "max-num-seqs" in plan["profile"]["vllm_args"]
+    assert "max-num-seqs" not in kv_capacity.merged_args(plan["profile"], plan["sparkfleet_vllm_args"])
 
 
 def test_the_management_address_inside_the_fabric_is_refused():

@@ -118,7 +118,7 @@ def test_a_pin_larger_than_the_node_holds_is_refused():
     plan = kv_plan(profile, 2, {"kv-cache-memory-bytes": "40G"})
     assert len(plan["problems"]) == 1
     line = plan["problems"][0]
-    assert line.startswith("sparkfleet_vllm_args: kv-cache-memory-bytes: found ")
+    assert line.startswith("sparkfleet_cluster: sparkfleet_vllm_args: kv-cache-memory-bytes: found ")
     assert "GiB needed per node" in line and "expected at most the node's 121.63 GiB" in line
     assert "fix: lower the KV pin by at least" in line
 
