@@ -66,6 +66,15 @@ def matching(pattern: str, expected: str) -> Rule:
     return Rule(expected, lambda value, _: isinstance(value, str) and compiled.fullmatch(value) is not None)
 
 
+def _whole(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(str(value)) >= 0
+    except ValueError:
+        return False
+
+
 def _network(value: Any, version: int | None) -> bool:
     try:
         network = ipaddress.ip_network(str(value), strict=False)
@@ -111,16 +120,7 @@ API_KEY = matching(r"[!-~]{16,512}", "16 to 512 printable ASCII characters witho
                                      "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
 
 
-def _whole(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        return int(str(value)) >= 0
-    except ValueError:
-        return False
-
-
-def _clock_range(value: Any, _: Context) -> bool:
+def _clock_range(value: Any, _context: Context) -> bool:
     return value == [] or (isinstance(value, list) and len(value) == 2 and all(_number(v) and v > 0 for v in value)
                            and value[0] <= value[1])
 

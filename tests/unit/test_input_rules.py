@@ -92,7 +92,8 @@ BAD_ROLE_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("values, expected", BAD_ROLE_VALUES, ids=[next(iter(v)) for v, _ in BAD_ROLE_VALUES])
+@pytest.mark.parametrize("values, expected", BAD_ROLE_VALUES,
+                         ids=[next(iter(values)) for values, _line in BAD_ROLE_VALUES])
 def test_a_bad_role_variable_is_refused_on_the_controller(values, expected):
     (line,) = lines(with_group_vars(**values))
     assert line.startswith(expected), line
