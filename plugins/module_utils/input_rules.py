@@ -209,6 +209,7 @@ RULES: Mapping[str, Rule] = {
     # verify
     "verify_wait_timeout": SECONDS,
     "verify_ignored_xids": each(XID),
+    "verify_log_path": ABSOLUTE_PATH,
     # vllm_image
     "vllm_image_vllm_version": matching(r"[0-9]+\.[0-9]+\.[0-9]+([.+-][A-Za-z0-9.]+)?",
                                         "a vLLM version such as 0.33.0"),
