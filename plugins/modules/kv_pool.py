@@ -159,29 +159,31 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import prometheus_text as prom
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_api as api
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_status as vs
 
 
 def verify(p, result, findings):
     url = p["url"].rstrip("/")
-    result["health_wait_s"] = vs.wait_for_health(url, p["wait_timeout"])
-    text = vs.get_metrics(url)
+    result["health_wait_s"] = api.wait_for_health(url, p["wait_timeout"])
+    text = api.get_metrics(url)
     if text is None:
         findings.warnings.append(f"{url}/metrics not available; the pool is read from the log only")
     else:
         try:
             findings.metrics = vs.parse_metrics(text)
-        except vs.MetricsParseError as err:
+        except prom.MetricsParseError as err:
             findings.warnings.append(f"{url}/metrics not parseable ({err}); the pool is read from the log only")
         if findings.metrics is None and text is not None:
             findings.warnings.append(f"no vllm:cache_config_info on {url}/metrics")
     vs.examine_log(findings, p["log_path"])
-    model, findings.max_model_len = vs.get_models(url, p["api_key"])
+    model, findings.max_model_len = api.get_models(url, p["api_key"])
     result.update(max_model_len=findings.max_model_len, served_model=model, log_stale=findings.log_stale)
     verdict = vs.reconcile(findings)
     result.update(vs.summary(verdict, findings))
     if p["canary"]:
-        result["canary_latency_s"] = vs.canary(url, p["api_key"], model)
+        result["canary_latency_s"] = api.canary(url, p["api_key"], model)
         result["canary_ok"] = True
     vs.judge(verdict.kv_cache_tokens, verdict.source, expected_tokens=p["expected_tokens"],
              tolerance=p["tolerance"], min_tokens=p["min_tokens"], max_model_len=findings.max_model_len,

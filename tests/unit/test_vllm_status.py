@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import prometheus_text as prom
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_api as api
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_log as vlog
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_status as vs
 
 DATA = Path(__file__).parent / "data" / "vllm"
@@ -56,7 +59,7 @@ def with_label(line, label, value):
     ("gpu-older-twoline.log", 643232, "GPU", 15.70, 40960, None, 9.81),
 ])
 def test_pool_line_of_every_form(name, tokens, device, concurrency, length, block, available):
-    pool = vs.parse_log(data(name))
+    pool = vlog.parse_log(data(name))
     assert (pool.tokens, pool.device, pool.max_concurrency, pool.concurrency_len) == (tokens, device, concurrency,
                                                                                       length)
     assert (pool.attention_block_size, pool.available_gib) == (block, available)
@@ -66,7 +69,7 @@ def test_pool_line_of_every_form(name, tokens, device, concurrency, length, bloc
 
 def test_line_number_points_at_the_pool_line():
     text = data("cpu-0.32.0-llama.log")
-    pool = vs.parse_log(text)
+    pool = vlog.parse_log(text)
     assert "CPU KV cache size: 51,200 tokens" in text.splitlines()[pool.line - 1]
 
 
@@ -82,14 +85,14 @@ def test_line_number_points_at_the_pool_line():
 def test_any_prefix_and_device(prefix, device):
     line = (f"{prefix}{device} KV cache size: 2,049,230 tokens, Maximum concurrency for 900,000 tokens per request: "
             "2.28x")
-    pool = vs.parse_log(line)
+    pool = vlog.parse_log(line)
     assert (pool.device, pool.tokens, pool.max_concurrency, pool.concurrency_len) == (device, 2049230, 2.28, 900000)
 
 
 def test_last_start_wins_and_takes_only_its_own_lines():
     # Two real captured boots concatenated: the second one's pool, block size and concurrency are reported.
     text = data("gpu-0.33-oneline-retry.log") + data("cpu-0.32.0-mla.log")
-    pool = vs.parse_log(text)
+    pool = vlog.parse_log(text)
     assert (pool.tokens, pool.device, pool.max_concurrency) == (45504, "CPU", 88.88)
     assert pool.attention_block_size is None and pool.available_gib is None
 
@@ -97,13 +100,14 @@ def test_last_start_wins_and_takes_only_its_own_lines():
 def test_two_line_form_does_not_borrow_a_later_starts_concurrency():
     text = ("GPU KV cache size: 643,232 tokens\nMaximum concurrency for 40,960 tokens per request: 15.70x\n"
             "Maximum concurrency for 8,192 tokens per request: 3.00x\n")
-    pool = vs.parse_log(text)
+    pool = vlog.parse_log(text)
     assert (pool.max_concurrency, pool.concurrency_len) == (15.70, 40960)
 
 
 def test_no_pool_line():
-    assert vs.parse_log("(APIServer pid=1) INFO starting\nMaximum concurrency for 512 tokens per request: 4x\n") is None
-    assert vs.parse_log("") is None
+    text = "(APIServer pid=1) INFO starting\nMaximum concurrency for 512 tokens per request: 4x\n"
+    assert vlog.parse_log(text) is None
+    assert vlog.parse_log("") is None
 
 
 # -------------------------------------------------------------------------------------------------- metrics
@@ -127,7 +131,7 @@ def test_real_metrics(name, tokens, blocks, block_size, concurrency, start):
 def test_metrics_and_log_agree_on_real_servers():
     for model in ("llama", "mla"):
         assert vs.parse_metrics(data(f"cpu-0.32.0-{model}.metrics")).tokens == \
-            vs.parse_log(data(f"cpu-0.32.0-{model}.log")).tokens
+            vlog.parse_log(data(f"cpu-0.32.0-{model}.log")).tokens
 
 
 @pytest.mark.parametrize("variant", ["absent", "None"])
@@ -163,7 +167,7 @@ def test_fallback_without_blocks_gives_no_pool():
 def test_label_values_with_escaped_quotes_commas_and_braces():
     line = with_label(info_line("cpu-0.32.0-llama.metrics"), "kv_cache_dtype_skip_layers",
                       r'[\"model.layers.0.attn\", \"a,b}\"] back\\slash\nnext')
-    samples = vs.parse_prometheus(line + "\n")
+    samples = prom.parse_prometheus(line + "\n")
     labels = samples[0].labels
     assert labels["kv_cache_dtype_skip_layers"] == '["model.layers.0.attn", "a,b}"] back\\slash\nnext'
     assert labels["kv_cache_size_tokens"] == "51200" and labels["user_specified_block_size"] == "False"
@@ -173,7 +177,7 @@ def test_label_values_with_escaped_quotes_commas_and_braces():
 def test_prometheus_details():
     text = ('# HELP x y\n# TYPE x gauge\nx 1\nspaced{ a="1" , b="2",} 2.5 1700000000000\n'
             'process_start_time_seconds 1.7e+09\nnan_metric{} NaN\n')
-    samples = {s.name: s for s in vs.parse_prometheus(text)}
+    samples = {s.name: s for s in prom.parse_prometheus(text)}
     assert samples["spaced"].labels == {"a": "1", "b": "2"} and samples["spaced"].value == 2.5
     assert samples["process_start_time_seconds"].value == 1.7e9
     assert samples["nan_metric"].labels == {}
@@ -181,8 +185,8 @@ def test_prometheus_details():
 
 @pytest.mark.parametrize("bad", ['m{a="1} 1', 'm{a=1} 1', "m{a=\"1\" b=\"2\"} 1", "m{a=\"1\"}", "m 1x", "9m 1"])
 def test_malformed_metrics_raise(bad):
-    with pytest.raises(vs.MetricsParseError):
-        vs.parse_prometheus(bad)
+    with pytest.raises(prom.MetricsParseError):
+        prom.parse_prometheus(bad)
 
 
 def test_no_cache_config_info():
@@ -250,7 +254,7 @@ def test_stale_log_and_no_metrics_pool_fails(tmp_path):
     # the published start is up to 1 s early: a log from within that second before it is stale too
     (100.0, 100.5, True), (101.4, 100.5, True), (101.6, 100.5, False), (130.0, 100.5, False), (1.0, None, False)])
 def test_log_is_stale(mtime, start, stale):
-    assert vs.log_is_stale(mtime, start) is stale
+    assert vlog.log_is_stale(mtime, start) is stale
 
 
 def test_missing_log_and_log_without_pool_line_warn(tmp_path):
@@ -278,7 +282,7 @@ def test_log_without_a_start_time_is_used_with_a_warning(tmp_path):
 
 def test_metrics_and_log_disagree():
     findings = vs.Findings(metrics=vs.parse_metrics(data("cpu-0.32.0-llama.metrics")),
-                           log=vs.parse_log(data("cpu-0.32.0-mla.log")), log_path="/var/log/vllm.log")
+                           log=vlog.parse_log(data("cpu-0.32.0-mla.log")), log_path="/var/log/vllm.log")
     with pytest.raises(vs.KvPoolError) as err:
         vs.reconcile(findings)
     message = str(err.value)
@@ -288,7 +292,7 @@ def test_metrics_and_log_disagree():
 
 def test_fallback_disagreeing_with_the_log_uses_the_group_aware_log():
     metrics = vs.parse_metrics(without_label(info_line("cpu-0.32.0-llama.metrics"), "kv_cache_size_tokens"))
-    log = vs.parse_log("GPU KV cache size: 52,000 tokens, Maximum concurrency for 512 tokens per request: 101.56x")
+    log = vlog.parse_log("GPU KV cache size: 52,000 tokens, Maximum concurrency for 512 tokens per request: 101.56x")
     findings = vs.Findings(metrics=metrics, log=log, log_path="/l")
     verdict = vs.reconcile(findings)
     assert (verdict.kv_cache_tokens, verdict.source, verdict.num_gpu_blocks) == (52000, "log", 400)
@@ -297,13 +301,13 @@ def test_fallback_disagreeing_with_the_log_uses_the_group_aware_log():
 
 def test_log_written_for_another_max_model_len():
     findings = vs.Findings(metrics=vs.parse_metrics(data("cpu-0.32.0-llama.metrics")),
-                           log=vs.parse_log(data("cpu-0.32.0-llama.log")), log_path="/l", max_model_len=1024)
+                           log=vlog.parse_log(data("cpu-0.32.0-llama.log")), log_path="/l", max_model_len=1024)
     with pytest.raises(vs.KvPoolError, match="written for max_model_len 512 while the server serves 1,024"):
         vs.reconcile(findings)
 
 
 def test_log_only_uses_the_attention_block_size():
-    findings = vs.Findings(log=vs.parse_log(data("gpu-0.33-oneline-retry.log")), log_path="/l")
+    findings = vs.Findings(log=vlog.parse_log(data("gpu-0.33-oneline-retry.log")), log_path="/l")
     verdict = vs.reconcile(findings)
     assert (verdict.kv_cache_tokens, verdict.source, verdict.block_size, verdict.max_concurrency) == \
         (2049230, "log", 4608, 2.28)
@@ -456,21 +460,21 @@ def free_port():
 
 
 def test_health_models_canary_against_the_fake(fake):
-    assert vs.wait_for_health(fake.url, 5) < 5
-    assert vs.get_models(fake.url, "right-key") == ("tiny", 512)
-    assert vs.canary(fake.url, "right-key", "tiny") >= 0
+    assert api.wait_for_health(fake.url, 5) < 5
+    assert api.get_models(fake.url, "right-key") == ("tiny", 512)
+    assert api.canary(fake.url, "right-key", "tiny") >= 0
     post = next(r for r in fake.requests if r[0] == "POST")
     assert post[2]["max_tokens"] == 1 and post[2]["model"] == "tiny"
-    assert vs.parse_metrics(vs.get_metrics(fake.url)).tokens == 51200
+    assert vs.parse_metrics(api.get_metrics(fake.url)).tokens == 51200
 
 
 @pytest.mark.parametrize("call", ["models", "canary"])
 def test_wrong_api_key_is_a_clear_401(fake, call):
     with pytest.raises(vs.KvPoolError) as err:
         if call == "models":
-            vs.get_models(fake.url, "wrong-key-1234")
+            api.get_models(fake.url, "wrong-key-1234")
         else:
-            vs.canary(fake.url, "wrong-key-1234", "tiny")
+            api.canary(fake.url, "wrong-key-1234", "tiny")
     message = str(err.value)
     assert "the API key was refused (401)" in message
     assert "wrong-key-1234" not in message and "right-key" not in message
@@ -480,7 +484,7 @@ def test_engine_dead_fails_at_once(fake):
     fake.health = 503
     ticks = iter(range(1000))
     with pytest.raises(vs.KvPoolError) as err:
-        vs.wait_for_health(fake.url, 900, clock=lambda: next(ticks), sleep=lambda s: None)
+        api.wait_for_health(fake.url, 900, clock=lambda: next(ticks), sleep=lambda s: None)
     assert "answering 503" in str(err.value) and "the engine is dead (EngineDeadError)" in str(err.value)
     assert sum(1 for r in fake.requests if r[1] == "/health") == 1
 
@@ -489,7 +493,7 @@ def test_503_before_the_engine_started_waits_for_the_deadline(fake):
     fake.health, fake.metrics = 503, "process_start_time_seconds 1.7e+09\n"
     clock = iter(range(0, 10000, 2))
     with pytest.raises(vs.KvPoolError, match="the engine is dead") as err:
-        vs.wait_for_health(fake.url, 10, clock=lambda: next(clock), sleep=lambda s: None)
+        api.wait_for_health(fake.url, 10, clock=lambda: next(clock), sleep=lambda s: None)
     assert "after waiting" in str(err.value)
     assert sum(1 for r in fake.requests if r[1] == "/health") > 2
 
@@ -498,14 +502,14 @@ def test_other_status_codes(fake):
     fake.health = 404
     times = iter(range(0, 100, 5))
     with pytest.raises(vs.KvPoolError, match=r"answering HTTP 404 \(seen: 404\).*not a proxy or another service"):
-        vs.wait_for_health(fake.url, 10, clock=lambda: next(times), sleep=lambda s: None)
+        api.wait_for_health(fake.url, 10, clock=lambda: next(times), sleep=lambda s: None)
 
 
 def test_connection_refused_until_the_deadline():
     times = iter(range(0, 100, 3))
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(vs.KvPoolError) as err:
-        vs.wait_for_health(url, 7, clock=lambda: next(times), sleep=lambda s: None)
+        api.wait_for_health(url, 7, clock=lambda: next(times), sleep=lambda s: None)
     assert f"{url}/health refusing connections for" in str(err.value)
     assert "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH" in str(err.value)
 
@@ -520,18 +524,18 @@ def test_health_comes_up_after_a_while(fake):
         if len(polls) == 3:
             fake.health = 200
 
-    assert vs.wait_for_health(fake.url, 60, interval=0.01, sleep=sleep) >= 0
+    assert api.wait_for_health(fake.url, 60, interval=0.01, sleep=sleep) >= 0
     assert len(polls) == 3
 
 
 def test_canary_on_a_dead_engine(fake):
     fake.completion = 500
     with pytest.raises(vs.KvPoolError, match=r"canary completion answering HTTP 500 \(the engine is dead\)"):
-        vs.canary(fake.url, "right-key", "tiny")
+        api.canary(fake.url, "right-key", "tiny")
 
 
 def test_no_metrics_endpoint():
-    assert vs.get_metrics(f"http://127.0.0.1:{free_port()}") is None
+    assert api.get_metrics(f"http://127.0.0.1:{free_port()}") is None
 
 
 def test_error_is_one_line_found_expected_fix():
