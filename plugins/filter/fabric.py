@@ -112,9 +112,15 @@ def nccl_probe(stdout: str) -> dict[str, Any]:
                          "(a rank that could not reach the head's rendezvous address times out)"))
 
 
+def nccl_probe_skip(nodes: list[dict[str, Any]], setting: str, image: str, record: str,
+                    check_mode: bool = False) -> str:
+    return nccl.probe_skip_reason([dict(node or {}) for node in nodes], setting, image, record, bool(check_mode))
+
+
 class FilterModule:
     def filters(self):
         return {"fabric_plan": fabric_plan, "fabric_plan_problem": fabric_plan_problem,
                 "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
                 "fabric_netplan": fabric_netplan, "fabric_nftables": fabric_nftables,
-                "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe}
+                "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe,
+                "nccl_probe_skip": nccl_probe_skip}

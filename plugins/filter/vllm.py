@@ -1,6 +1,8 @@
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
-"""vLLM's command line from a mapping of flags: ``args | sparkfleet.cluster.vllm_cli_args``."""
+"""vLLM's command line from a mapping of flags (``args | sparkfleet.cluster.vllm_cli_args``), and where a rank runs.
+
+Each filter is documented in the .yml file of its name beside this one."""
 
 from __future__ import annotations
 
@@ -9,36 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-DOCUMENTATION = r"""
----
-name: vllm_cli_args
-short_description: Render a mapping of vLLM flags as an argument list
-description:
-  - Keys are flag names without the leading dashes (C(max-model-len)). C(true) gives C(--flag), C(false) gives
-    C(--no-flag) (vLLM's boolean flags take both forms), a list gives the flag followed by each item, a mapping
-    gives the flag followed by its JSON (C(--speculative-config), C(--hf-overrides)), C(null) leaves the flag out.
-  - Keys are rendered in sorted order, so the same mapping always gives the same command line.
-version_added: 0.2.0
-options:
-  _input:
-    description: Flag name to value.
-    type: dict
-    required: true
-"""
-
-EXAMPLES = r"""
-- name: Show the command line
-  ansible.builtin.debug:
-    msg: "{{ {'max-model-len': 512, 'enforce-eager': true} | sparkfleet.cluster.vllm_cli_args }}"
-"""
-
-RETURN = r"""
-_value:
-  description: The arguments, e.g. C(["--enforce-eager", "--max-model-len", "512"]).
-  type: list
-  elements: str
-"""
 
 
 def vllm_cli_args(args: Mapping[str, Any]) -> list[str]:
@@ -65,6 +37,25 @@ def vllm_cli_args(args: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def rank_runtime(setting: str, node: Mapping[str, Any] | None) -> str:
+    """The serve stage's rule: a rank runs in Docker (the patched image) on an NVIDIA node, natively elsewhere,
+    unless vllm_service_runtime says which."""
+    if str(setting) in ("docker", "native"):
+        return str(setting)
+    accelerator = (node or {}).get("accelerator") or {}
+    return "docker" if accelerator.get("kind") == "nvidia" else "native"
+
+
+def docker_ranks(hosts: list[str], hostvars: Mapping[str, Any]) -> list[str]:
+    """The hosts whose rank runs in Docker, by each host's vllm_service_runtime and discovered accelerator."""
+    found = []
+    for host in hosts:
+        values = hostvars[host]
+        if rank_runtime(values.get("vllm_service_runtime", "auto"), values.get("sparkfleet_node")) == "docker":
+            found.append(host)
+    return found
+
+
 class FilterModule:
     def filters(self):
-        return {"vllm_cli_args": vllm_cli_args}
+        return {"vllm_cli_args": vllm_cli_args, "rank_runtime": rank_runtime, "docker_ranks": docker_ranks}

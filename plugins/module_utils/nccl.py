@@ -127,3 +127,28 @@ def parse_probe(text: str) -> dict[str, Any]:
         if key not in result:
             raise ValueError(f"found the probe's result without {key!r}: {sorted(result)}")
     return result
+
+
+def probe_skip_reason(nodes: list[dict[str, Any]], setting: str, image: str, record: str, check_mode: bool) -> str:
+    """Why the all-reduce probe does not run on this cluster, the same answer on every node; '' when it runs.
+
+    nodes: one mapping per node - wanted (an NVIDIA GPU outside a container and nccl_probe not false), serving
+    (the vLLM unit is active), image (the probe's image is on the node), env_changed (this run rewrote the rank's
+    NCCL environment), passed_before (a record of a passing probe exists).
+    setting: nccl_probe (auto, true or false). The first reason that holds is given, in this order: a node that
+    cannot probe, check mode, a serving engine, the image missing (auto), nothing changed since a pass (auto)."""
+    if not nodes or not all(node.get("wanted") for node in nodes):
+        return ("no NVIDIA GPU outside a container on every node (the lab runs vLLM on CPU over Gloo), or "
+                "nccl_probe is false")
+    if check_mode:
+        return "not in --check"
+    if any(node.get("serving") for node in nodes):
+        return ("the vLLM unit is serving: a second CUDA process on unified memory can hang a node; stop the serve "
+                "stage's unit (systemctl stop sparkfleet-vllm) to probe")
+    if str(setting) == "auto" and not all(node.get("image") for node in nodes):
+        return (f"the serving image {image} is not on every node yet; the image stage probes once it has shipped "
+                "it")
+    if str(setting) == "auto" and not any(node.get("env_changed") for node in nodes) and \
+            all(node.get("passed_before") for node in nodes):
+        return f"passed before ({record}) and no rank's environment changed; nccl_probe: true probes anyway"
+    return ""

@@ -4,7 +4,7 @@ with one line naming the host, the key, what was found, what was expected and th
 import copy
 
 import pytest
-from test_inventory import GOOD, SPECS, lines, validate
+from inventory_cases import GOOD, SPECS, lines, validate
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import input_rules, kv_capacity
 

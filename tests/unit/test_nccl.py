@@ -111,3 +111,46 @@ def test_the_probes_result_line_from_a_real_h200_pair():
         nccl.parse_probe("Traceback (most recent call last):\nRuntimeError: connect() timed out\n")
     with pytest.raises(ValueError, match="without 'bus_bandwidth_gbs'"):
         nccl.parse_probe('SPARKFLEET_NCCL_PROBE {"world_size": 2, "latency_us": {}}\n')
+
+
+READY = {"wanted": True, "serving": False, "image": True, "env_changed": False, "passed_before": False}
+
+
+def skip(nodes, setting="auto", check_mode=False):
+    return nccl.probe_skip_reason(nodes, setting, "sparkfleet/vllm:current", "/var/lib/sparkfleet/nccl/passed",
+                                  check_mode)
+
+
+def test_the_probe_runs_when_every_node_is_ready_and_none_has_passed():
+    assert skip([READY, READY]) == ""
+
+
+@pytest.mark.parametrize("change, start", [
+    ({"wanted": False}, "no NVIDIA GPU outside a container on every node"),
+    ({"serving": True}, "the vLLM unit is serving"),
+    ({"image": False}, "the serving image sparkfleet/vllm:current is not on every node yet"),
+])
+def test_one_node_decides_for_all(change, start):
+    assert skip([READY, dict(READY, **change)]).startswith(start)
+
+
+def test_check_mode_never_probes_and_a_node_that_cannot_probe_is_named_first():
+    assert skip([READY, READY], check_mode=True) == "not in --check"
+    assert skip([READY, dict(READY, wanted=False)], check_mode=True).startswith("no NVIDIA GPU")
+
+
+def test_a_pass_is_not_repeated_until_an_environment_changes_unless_asked():
+    passed = dict(READY, passed_before=True)
+    assert skip([passed, passed]).startswith("passed before (/var/lib/sparkfleet/nccl/passed)")
+    assert skip([passed, dict(passed, env_changed=True)]) == ""
+    assert skip([passed, passed], setting="true") == ""
+    assert skip([passed, dict(READY)]) == ""  # a node without a record probes
+
+
+def test_true_probes_without_the_image_check_of_auto_but_never_beside_a_serving_engine():
+    assert skip([READY, dict(READY, image=False)], setting="true") == ""
+    assert skip([READY, dict(READY, serving=True)], setting="true").startswith("the vLLM unit is serving")
+
+
+def test_no_nodes_is_no_probe():
+    assert skip([]).startswith("no NVIDIA GPU")

@@ -23,7 +23,7 @@ def ours(text):
 
 def same(left, right):
     assert len(left) == len(right)
-    for (name_a, labels_a, value_a), (name_b, labels_b, value_b) in zip(left, right):
+    for (name_a, labels_a, value_a), (name_b, labels_b, value_b) in zip(left, right, strict=True):
         assert (name_a, labels_a) == (name_b, labels_b)
         assert value_a == value_b or (math.isnan(value_a) and math.isnan(value_b)), (name_a, value_a, value_b)
 

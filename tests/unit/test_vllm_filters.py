@@ -4,7 +4,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sparkfleet.cluster.plugins.filter.kernel import xid_errors
-from ansible_collections.sparkfleet.cluster.plugins.filter.vllm import vllm_cli_args
+from ansible_collections.sparkfleet.cluster.plugins.filter.vllm import docker_ranks, rank_runtime, vllm_cli_args
 
 
 def test_flags_of_every_kind_render_in_a_stable_order():
@@ -46,3 +46,22 @@ def test_xid_errors_keep_real_errors_and_drop_benign_codes():
     assert xid_errors(KERNEL, [81]) == [KERNEL[2]]
     assert xid_errors(KERNEL) == [KERNEL[1], KERNEL[2]]
     assert xid_errors(KERNEL[:1] + KERNEL[3:]) == []
+
+
+GPU = {"accelerator": {"kind": "nvidia"}}
+CPU = {"accelerator": {"kind": "none"}}
+
+
+@pytest.mark.parametrize("setting, node, runtime", [
+    ("auto", GPU, "docker"), ("auto", CPU, "native"), ("auto", {}, "native"), ("auto", None, "native"),
+    ("docker", CPU, "docker"), ("native", GPU, "native"),
+])
+def test_a_rank_runs_in_docker_on_nvidia_nodes_unless_told(setting, node, runtime):
+    assert rank_runtime(setting, node) == runtime
+
+
+def test_the_image_goes_to_the_docker_ranks_only():
+    hostvars = {"a": {"sparkfleet_node": GPU}, "b": {"sparkfleet_node": CPU},
+                "c": {"sparkfleet_node": CPU, "vllm_service_runtime": "docker"},
+                "d": {"sparkfleet_node": GPU, "vllm_service_runtime": "native"}}
+    assert docker_ranks(["a", "b", "c", "d"], hostvars) == ["a", "c"]
