@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 import yaml
-from ansible.errors import AnsibleActionFail, AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleUndefinedVariable
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import inventory
@@ -49,27 +50,30 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        if self._task.args:
-            raise AnsibleActionFail(f"cluster_validate takes no options; found {sorted(self._task.args)}")
+        unknown = sorted(set(self._task.args) - {"revision"})
+        if unknown:
+            raise AnsibleActionFail(f"cluster_validate takes only the option revision; found {unknown}")
         task_vars = task_vars or {}
         groups = task_vars.get("groups", {})
         hostvars = task_vars.get("hostvars", {})
         role_specs = load_role_specs()
         prefixes = inventory.checked_prefixes(role_specs)
 
-        hosts, management = {}, {}
+        hosts, management, unresolved = {}, {}, {}
         for name in groups.get(inventory.CLUSTER_GROUP, []):
             host = hostvars[name]
             facts = set(host.get("ansible_facts") or {})
-            hosts[name] = {}
+            hosts[name], unresolved[name] = {}, {}
             for key in host:
                 if key.startswith(prefixes) and key not in facts:
                     try:
                         hosts[name][key] = host[key]
-                    except AnsibleError:
+                    except AnsibleUndefinedVariable:
                         # A template that needs what only a later task knows (a fact of the node): its role
-                        # checks it against its argument_specs when it runs.
-                        continue
+                        # checks it against its argument_specs when it runs (validate_cluster decides).
+                        unresolved[name][key] = None
+                    except AnsibleError as err:  # a vault without its secret, a lookup of a missing file
+                        unresolved[name][key] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             if "ansible_host" in host:
                 management[name] = host["ansible_host"]
 
@@ -82,7 +86,9 @@ class ActionModule(ActionBase):
         try:
             problems, plan = inventory.validate_cluster(hosts, groups.get(inventory.HEAD_GROUP, []), role_specs,
                                                         ansible_validate, load_profile, management=management,
-                                                        weights_stage=reaches(task_vars, "weights"))
+                                                        weights_stage=boolean(self._task.args.get("revision", False))
+                                                        and reaches(task_vars, "weights"),
+                                                        unresolved=unresolved)
         except Exception as err:  # a value no check foresaw: still one line, and still before any change
             raise AnsibleActionFail(
                 f"Inventory check could not finish (nothing was changed on any host): found {type(err).__name__}: "

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
+
 
 @dataclass(frozen=True)
 class Context:
@@ -29,10 +31,13 @@ class Context:
 
 @dataclass(frozen=True)
 class Rule:
-    """`test(value, context)` is true for a good value; `expected` says what a good value is."""
+    """`test(value, context)` is true for a good value; `expected` says what a good value is. `found`, where
+    given, says what is wrong with a bad value instead of quoting all of it (a mapping whose other values may be
+    secrets)."""
 
     expected: str
     test: Callable[[Any, Context], bool]
+    found: Callable[[Any], str] | None = None
 
 
 def _number(value: Any) -> bool:
@@ -66,15 +71,6 @@ def matching(pattern: str, expected: str) -> Rule:
     return Rule(expected, lambda value, _: isinstance(value, str) and compiled.fullmatch(value) is not None)
 
 
-def _whole(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        return int(str(value)) >= 0
-    except ValueError:
-        return False
-
-
 def _network(value: Any, version: int | None) -> bool:
     try:
         network = ipaddress.ip_network(str(value), strict=False)
@@ -83,40 +79,79 @@ def _network(value: Any, version: int | None) -> bool:
     return isinstance(value, str) and "/" in value and (version is None or network.version == version)
 
 
+def _ipv4_source(value: Any, _context: Any = None) -> bool:
+    """What the firewall's nftables set takes: an IPv4 address or network (host bits allowed)."""
+    try:
+        ipaddress.IPv4Network(str(value), strict=False)
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
+def _bad_environment(value: Any) -> str:
+    """The offending names and values of an environment mapping, without quoting its other values."""
+    if not isinstance(value, Mapping):
+        return f"a {type(value).__name__}"
+    names = [str(key) for key in value if not (isinstance(key, str) and ENV_NAME.fullmatch(key))]
+    multiline = [str(key) for key, item in value.items() if "\n" in str(item)]
+    parts = ([f"the names {', '.join(names)}"] if names else []) + \
+        ([f"a line break in the value of {', '.join(multiline)}"] if multiline else [])
+    return " and ".join(parts) or "a mapping"
+
+
+def _xid(value: Any, _context: Any = None) -> bool:
+    """What the Xid filter reads: a number in Python's notation (81, 0x51)."""
+    try:
+        int(str(value), 0)
+    except ValueError:
+        return False
+    return True
+
+
+def _auto_or_bool(value: Any, _context: Any = None) -> bool:
+    """auto, or anything Ansible's bool filter reads as true or false (the roles compare 'auto' exactly)."""
+    if not isinstance(value, (str, int, float, bool)):
+        return False
+    return value == "auto" or value in BOOLEANS_TRUE or value in BOOLEANS_FALSE or \
+        str(value).lower() in BOOLEANS_TRUE or str(value).lower() in BOOLEANS_FALSE
+
+
 PORT = between(1, 65535)
 SECONDS = at_least(1, "seconds")
 # The ConnectX-7 ports take 1280 (the IPv6 minimum) to 9216 bytes, the NIC's largest frame.
 MTU = between(1280, 9216, "bytes")
 IPV4_NETWORK = Rule("an IPv4 network in CIDR form such as 10.100.0.0/16",
                     lambda value, _: _network(value, 4))
-ANY_NETWORK = Rule("an IPv4 or IPv6 network in CIDR form such as 192.168.1.0/24",
-                   lambda value, _: _network(value, None))
-# Docker's size syntax (--shm-size, log-opts max-size): a whole number with an optional b/k/m/g unit.
-DOCKER_SIZE = matching(r"[1-9][0-9]*[bkmgBKMG]?", "a size such as 32g, 512m or 100m (a number, then b, k, m or g)")
+IPV4_SOURCE = Rule("an IPv4 address or network such as 192.168.1.0/24", _ipv4_source)
+# Docker's size syntax (--shm-size, log-opts max-size; go-units' RAMInBytes): a number, a unit, an optional i/b.
+DOCKER_SIZE = matching(r"[0-9]+(\.[0-9]+)* ?([kKmMgGtTpP])?[iI]?[bB]?", "a size such as 32g, 512m or 1.5GB")
 # The size memory.reclaim takes: a number of bytes with an optional K/M/G suffix.
 RECLAIM_SIZE = matching(r"[1-9][0-9]*[KMGkmg]?", "a size such as 2G or 512M")
 ABSOLUTE_PATH = matching(r"/.*", "an absolute path on the node")
 ABSOLUTE_OR_EMPTY = matching(r"(/.*)?", "an absolute path on the node, or empty")
 URL_OR_EMPTY = matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL, or empty for the Hub itself")
-PINNED_REQUIREMENT = matching(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*",
-                              "one pinned requirement, name==version")
+PINNED_REQUIREMENT = matching(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==[A-Za-z0-9][A-Za-z0-9.+!_-]*",
+                              "one pinned requirement, name==version (extras allowed: name[extra]==version)")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENVIRONMENT = Rule("a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to single-line values",
                    lambda value, _: isinstance(value, Mapping) and all(
                        isinstance(key, str) and ENV_NAME.fullmatch(key) and "\n" not in str(item)
-                       for key, item in value.items()))
+                       for key, item in value.items()),
+                   _bad_environment)
 USER_NAME = matching(r"[a-z_][a-z0-9_-]*[$]?", "a Unix user name such as spark")
-XID = matching(r"0x[0-9a-fA-F]+|[0-9]+", "an Xid code such as 0x51 or 81")
-SYSCTLS = Rule("a mapping of vm.* sysctl names to whole numbers of at least 0",
+XID = Rule("an Xid code such as 0x51 or 81", _xid)
+# What ansible.posix.sysctl writes for the memory settings: a dotted name and whole numbers (one, or several
+# separated by blanks as vm.lowmem_reserve_ratio takes).
+SYSCTLS = Rule("a mapping of sysctl names (vm.swappiness) to whole numbers such as 180 or \"256 256 32 0 0\"",
                lambda value, _: isinstance(value, Mapping) and all(
-                   isinstance(key, str) and re.fullmatch(r"vm\.[a-z0-9_]+", key) and _whole(item)
+                   isinstance(key, str) and re.fullmatch(r"[a-z][a-z0-9_]*(\.[a-z0-9_-]+)+", key)
+                   and not isinstance(item, bool) and re.fullmatch(r"-?[0-9]+([ \t]+-?[0-9]+)*", str(item).strip())
                    for key, item in value.items()))
 CLUSTER_HOST = Rule("the name of a host in group sparkfleet_cluster",
                     lambda value, ctx: value in ctx.hosts)
-AUTO_TRUE_FALSE = Rule("auto, true or false",
-                       lambda value, _: str(value).lower() in ("auto", "true", "false", "yes", "no"))
-# An API key travels in an HTTP header: printable ASCII without spaces, and long enough not to be guessed.
-API_KEY = matching(r"[!-~]{16,512}", "16 to 512 printable ASCII characters without spaces or line breaks "
+AUTO_TRUE_FALSE = Rule("auto (in lower case), or true or false", _auto_or_bool)
+# An API key travels in an HTTP header as a Bearer token: printable ASCII without spaces or line breaks.
+API_KEY = matching(r"[!-~]{1,4096}", "printable ASCII characters without spaces or line breaks "
                                      "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
 
 
@@ -133,11 +168,11 @@ RULES: Mapping[str, Rule] = {
     # preflight: the inventory itself
     "sparkfleet_tensor_parallel_size": between(1, 8, "ranks"),
     "sparkfleet_node_rank": between(0, 7),
-    "sparkfleet_fabric_prefix": between(8, 30, "bits"),
+    "sparkfleet_fabric_prefix": between(8, 31, "bits"),
     "sparkfleet_fabric_mtu": MTU,
     "sparkfleet_fabric_supernet": IPV4_NETWORK,
     "sparkfleet_fabric_subnets": each(IPV4_NETWORK),
-    "sparkfleet_api_allowed_sources": each(ANY_NETWORK),
+    "sparkfleet_api_allowed_sources": each(IPV4_SOURCE),
     "sparkfleet_api_key": API_KEY,
     # container_runtime
     "container_runtime_enabled": AUTO_TRUE_FALSE,
@@ -211,8 +246,8 @@ RULES: Mapping[str, Rule] = {
     "verify_ignored_xids": each(XID),
     "verify_log_path": ABSOLUTE_PATH,
     # vllm_image
-    "vllm_image_vllm_version": matching(r"[0-9]+\.[0-9]+\.[0-9]+([.+-][A-Za-z0-9.]+)?",
-                                        "a vLLM version such as 0.33.0"),
+    "vllm_image_vllm_version": matching(r"[0-9]+(\.[0-9]+)+([a-zA-Z0-9.+!_-]*)",
+                                        "a vLLM version such as 0.33.0 or 0.33.1rc1"),
     "vllm_image_hosts": Rule("auto, or a non-empty list of hosts of group sparkfleet_cluster", _image_hosts),
     "vllm_image_build_node": CLUSTER_HOST,
     "vllm_image_state_dir": ABSOLUTE_PATH,
@@ -226,8 +261,7 @@ RULES: Mapping[str, Rule] = {
     "vllm_service_state_dir": ABSOLUTE_PATH,
     "vllm_service_log_dir": ABSOLUTE_PATH,
     "vllm_service_log_keep": between(1, 10000, "logs"),
-    "vllm_service_api_key": Rule(API_KEY.expected + ", or empty for no key",
-                                 lambda value, ctx: value == "" or API_KEY.test(value, ctx)),
+    "vllm_service_api_key": API_KEY,
     "vllm_service_env": ENVIRONMENT,
     "vllm_service_nccl_env_file": ABSOLUTE_PATH,
     "vllm_service_stop_timeout": SECONDS,
@@ -244,3 +278,9 @@ def check(key: str, value: Any, context: Context) -> str | None:
     if rule is None or rule.test(value, context):
         return None
     return rule.expected
+
+
+def found(key: str, value: Any) -> str | None:
+    """What a refusal says was found, where the rule describes bad values itself (None: quote the value)."""
+    rule = RULES.get(key)
+    return rule.found(value) if rule is not None and rule.found is not None else None

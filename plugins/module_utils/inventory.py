@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import errors, input_rules, kv_capacity, weights
+from ansible.module_utils.common.validation import check_type_bool
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import (
+    errors,
+    fabric,
+    input_rules,
+    kv_capacity,
+    weights,
+)
 
 CLUSTER_GROUP = "sparkfleet_cluster"
 HEAD_GROUP = "sparkfleet_head"
@@ -107,7 +115,8 @@ def check_options(where: str, values: Mapping[str, Any], options: Mapping[str, M
             continue
         expected = input_rules.check(key, converted[key], context)
         if expected:
-            problems.append(Problem(where, key, found, expected, f"correct {key}: {_first_line(option)}"))
+            problems.append(Problem(where, key, input_rules.found(key, converted[key]) or found, expected,
+                                    f"correct {key}: {_first_line(option)}"))
         else:
             clean[key] = converted[key]
     return problems, clean
@@ -124,7 +133,8 @@ def shown(value: Any, option: Mapping[str, Any]) -> str:
     odd = [name for name, present in (("a line break", "\n" in value or "\r" in value),
                                       ("a space", " " in value or "\t" in value),
                                       ("a non-ASCII character", any(ord(c) > 126 for c in value))) if present]
-    return f"a secret of {len(value)} characters" + (f" with {' and '.join(odd)}" if odd else "")
+    size = f"{len(value)} character" + ("" if len(value) == 1 else "s")
+    return f"a secret of {size}" + (f" with {' and '.join(odd)}" if odd else "")
 
 
 def check_role_variables(hosts: Mapping[str, Mapping[str, Any]], role_specs: Mapping[str, Mapping[str, Any]],
@@ -164,16 +174,20 @@ def merge_hosts(problems: Iterable[Problem]) -> list[Problem]:
     return [Problem(", ".join(where), *details) for details, where in merged.items()]
 
 
-def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> list[Problem]:
+def check_same_everywhere(hosts: Mapping[str, Mapping[str, Any]],
+                          options: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
     """Cluster-wide keys must hold one value on every node (a per-host override splits the cluster)."""
     problems = []
-    for key in sorted(keys):
+    for key in sorted(options):
         seen: dict[str, list[str]] = {}
         for host in sorted(hosts):
             if key in hosts[host]:
                 seen.setdefault(repr(hosts[host][key]), []).append(host)
         if len(seen) > 1:
-            found = ", ".join(f"{value} on {', '.join(names)}" for value, names in seen.items())
+            if (options[key] or {}).get("no_log"):  # secrets differ: say where, never what
+                found = "different secrets on " + "; ".join(", ".join(names) for names in seen.values())
+            else:
+                found = ", ".join(f"{value} on {', '.join(names)}" for value, names in seen.items())
             problems.append(Problem(CLUSTER_GROUP, key, found, "one value for the whole cluster",
                                     f"set {key} once in group_vars/{CLUSTER_GROUP}, not per host"))
     return problems
@@ -185,7 +199,7 @@ MEMORY_SETTINGS = "node_memory_sysctls"
 
 def check_memory_settings(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
     """The nodes' kernel memory settings: identical everywhere, and none the field saw break a node."""
-    problems = check_same_everywhere(hosts, [MEMORY_SETTINGS])
+    problems = check_same_everywhere(hosts, {MEMORY_SETTINGS: {}})
     for host in sorted(hosts):
         sysctls = hosts[host].get(MEMORY_SETTINGS)
         if not isinstance(sysctls, Mapping):
@@ -338,7 +352,8 @@ def check_vllm_args(args: Any) -> list[Problem]:
                                     "leading --, such as max-model-len", "write the flag as vLLM names it, no dashes"))
             continue
         if flag in MANAGED_VLLM_ARGS:
-            problems.append(Problem(CLUSTER_GROUP, where, repr(value), "no value: sparkfleet sets this flag on "
+            shown_value = shown(value, {"no_log": flag == "api-key"})
+            problems.append(Problem(CLUSTER_GROUP, where, shown_value, "no value: sparkfleet sets this flag on "
                                     f"every rank from {MANAGED_VLLM_ARGS[flag]}",
                                     f"remove {flag} from {key} and set {MANAGED_VLLM_ARGS[flag]} instead"))
             continue
@@ -365,33 +380,81 @@ def check_vllm_args(args: Any) -> list[Problem]:
     return problems
 
 
-def check_management_apart(management: Mapping[str, str], cluster: Mapping[str, Any]) -> list[Problem]:
-    """No node's management address (how Ansible reaches it) inside a network the fabric will take over: netplan
-    would move the management route onto the fabric port and the controller would lose the node."""
+MESH_TOPOLOGIES = ("triangle", "ring")
+TOPOLOGY_BY_SIZE = {2: "direct", 3: "triangle", 4: "ring"}
+
+
+def fabric_subnets(ranks: Mapping[str, int], addresses: Mapping[str, str],
+                   cluster: Mapping[str, Any]) -> dict[str, str] | None:
+    """The subnets the fabric stage will give its ports ({subnet: the first port's name}): the fabric role's own
+    plan (module_utils/fabric.plan) with the arguments it passes. None when no plan can be made (the fabric
+    role's plan check says why)."""
+    nodes = sorted(ranks, key=ranks.__getitem__)
+    topology = resolved_topology(cluster, len(nodes))
+    try:
+        interfaces = fabric.plan(nodes, topology, rails=cluster.get("sparkfleet_fabric_rails", 1),
+                                 supernet=cluster.get("sparkfleet_fabric_supernet", "10.100.0.0/16"),
+                                 cage=cluster.get("sparkfleet_fabric_cage", 1),
+                                 mtu=cluster.get("sparkfleet_fabric_mtu", 9000),
+                                 pinned={} if topology in MESH_TOPOLOGIES else dict(addresses),
+                                 prefix=cluster.get("sparkfleet_fabric_prefix", 24),
+                                 subnets=cluster.get("sparkfleet_fabric_subnets") or None)
+    except (fabric.FabricError, ValueError):
+        return None
+    ports: dict[str, str] = {}
+    for node, items in interfaces.items():
+        for item in items:
+            ports.setdefault(str(item["subnet"]), f"{node} {item['netdev']}")
+    return ports
+
+
+def resolved_topology(cluster: Mapping[str, Any], size: int) -> str:
+    """The fabric role's rule: the topology as set, or by the node count for auto."""
+    topology = cluster.get("sparkfleet_fabric_topology") or "auto"
+    return TOPOLOGY_BY_SIZE.get(size, "switch") if topology == "auto" else topology
+
+
+def check_pinned_in_subnet(addresses: Mapping[str, str], cluster: Mapping[str, Any]) -> list[Problem]:
+    """On a direct cable or a switch the fabric addresses are pinned, and their subnet is cable 0 rail 0's: a first
+    entry of sparkfleet_fabric_subnets that does not hold them would be ignored without a word."""
     subnets = cluster.get("sparkfleet_fabric_subnets") or []
-    key, networks = (("sparkfleet_fabric_subnets", subnets) if subnets
-                     else ("sparkfleet_fabric_supernet", [cluster.get("sparkfleet_fabric_supernet")]))
+    if not subnets or resolved_topology(cluster, len(addresses)) in MESH_TOPOLOGIES:
+        return []
+    first = ipaddress.ip_network(str(subnets[0]), strict=False)  # input_rules checked the syntax
+    return [Problem(host, "sparkfleet_fabric_address", f"{address}, outside {first} (the first entry of "
+                    "sparkfleet_fabric_subnets: cable 0 rail 0)", "the pinned address inside its cable's subnet",
+                    "correct the address, or the first entry of sparkfleet_fabric_subnets")
+            for host, address in sorted(addresses.items()) if ipaddress.ip_address(str(address)) not in first]
+
+
+def check_management_apart(management: Mapping[str, str], subnets: Mapping[str, str] | None) -> list[Problem]:
+    """No node's management address (how Ansible reaches it) inside a subnet the fabric will give a port: netplan
+    would move the management route onto the fabric port and the controller would lose the node."""
     problems = []
     for host, text in sorted(management.items()):
         try:
             address = ipaddress.ip_address(str(text))
         except ValueError:
             continue  # a DNS name: the fabric discovery compares the node's real networks
-        for network in networks:
-            if network and address in ipaddress.ip_network(str(network), strict=False):
-                problems.append(Problem(host, key, f"{network}, which holds the node's management address "
-                                        f"{address} (ansible_host)", "fabric networks apart from the management "
-                                        "network", f"choose {key} outside {address}'s network"))
+        for subnet, port in sorted((subnets or {}).items()):
+            if address in ipaddress.ip_network(subnet):
+                problems.append(Problem(host, "sparkfleet_fabric_subnets", f"{subnet} planned for {port}, which "
+                                        f"holds the node's management address {address} (ansible_host)",
+                                        "fabric subnets apart from the management network",
+                                        "choose sparkfleet_fabric_subnets (or the pinned sparkfleet_fabric_address "
+                                        f"values, or sparkfleet_fabric_supernet) outside {address}'s network"))
     return problems
 
 
-def check_revision(profile: Mapping[str, Any], values: Mapping[str, Any]) -> list[Problem]:
-    """A checkpoint from the Hub or a cache at a pinned commit, unless the inventory accepts a moving branch."""
+def check_revision(profile: Mapping[str, Any], allow_branch: bool) -> list[Problem]:
+    """A checkpoint from the Hub at a pinned commit, unless the inventory accepts a moving branch; from a cache,
+    always a commit (the weights module pins a cache's revision whatever model_weights_allow_branch says)."""
     checkpoint = profile.get("checkpoint") or {}
     if checkpoint.get("source") not in ("huggingface", "cache"):
         return []
     try:
-        weights.check_revision(checkpoint.get("revision"), bool(values.get("model_weights_allow_branch")))
+        weights.check_revision(checkpoint.get("revision"),
+                               allow_branch and checkpoint.get("source") == "huggingface")
     except weights.WeightsError as err:
         return [Problem(CLUSTER_GROUP, f"profile {profile.get('name')}: checkpoint.revision", err.found,
                         err.expected, err.fix)]
@@ -401,7 +464,8 @@ def check_revision(profile: Mapping[str, Any], values: Mapping[str, Any]) -> lis
 def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterable[str],
                      role_specs: Mapping[str, Mapping[str, Any]], validate: Validator,
                      load_profile: Callable[[str], Mapping[str, Any]], management: Mapping[str, str] | None = None,
-                     weights_stage: bool = True) -> tuple[list[Problem], dict[str, Any] | None]:
+                     weights_stage: bool = True, unresolved: Mapping[str, Mapping[str, str | None]] | None = None,
+                     ) -> tuple[list[Problem], dict[str, Any] | None]:
     """All checks of an inventory; returns (problems, plan). The plan is None when there are problems.
 
     hosts: host name -> that host's variables (inventory and extra vars, not facts).
@@ -410,6 +474,8 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         (profiles.ProfileError) when the profile cannot be used.
     management: host name -> its ansible_host, where it has one.
     weights_stage: whether this run reaches the weights stage (its revision pin is checked here, then).
+    unresolved: host -> {key: why its value could not be resolved on the controller}: None for a template that
+        needs a node's facts (left to its role, unless the key is one of the inventory's own), else the error.
     """
     if not hosts:
         return [Problem(CLUSTER_GROUP, "hosts", "an empty group", "2 to 4 nodes, one per tensor-parallel rank",
@@ -423,8 +489,16 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
     context = input_rules.Context(hosts=frozenset(hosts))
     problems: list[Problem] = []
     nodes: dict[str, dict[str, Any]] = {}
+    unresolved = unresolved or {}
     for host in sorted(hosts):
-        problems += unknown_keys(host, hosts[host], known, prefixes)
+        pending = unresolved.get(host) or {}
+        problems += unknown_keys(host, [*hosts[host], *pending], known, prefixes)
+        for key, why in sorted(pending.items()):
+            if why is not None or key in cluster_options or key in node_options:
+                problems.append(Problem(host, key, f"a value that cannot be resolved on the controller ({why})"
+                                        if why else "a template that needs a node's facts",
+                                        "a value the preflight can check before any host is touched",
+                                        "give the value itself, or provide what its template or vault needs"))
         found, nodes[host] = check_options(host, hosts[host], node_options, validate, context)
         problems += found
     problems += check_role_variables(hosts, role_specs, validate, context)
@@ -437,11 +511,15 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
     if problems:  # the cross-host checks below need sound per-host values
         return problems, None
     problems += check_vllm_args(cluster.get("sparkfleet_vllm_args"))
-    problems += check_management_apart(management or {}, cluster)
 
     ranks = {host: values["sparkfleet_node_rank"] for host, values in nodes.items()}
     problems += check_ranks(ranks)
-    problems += check_fabric_addresses({host: values["sparkfleet_fabric_address"] for host, values in nodes.items()})
+    addresses = {host: values["sparkfleet_fabric_address"] for host, values in nodes.items()}
+    problems += check_fabric_addresses(addresses)
+    if not problems:
+        problems += check_pinned_in_subnet(addresses, cluster)
+    if not problems:
+        problems += check_management_apart(management or {}, fabric_subnets(ranks, addresses, cluster))
     head = sorted(head_hosts)
     problems += check_head(head, hosts, ranks)
     try:
@@ -453,7 +531,7 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
     problems += check_size(hosts, cluster["sparkfleet_tensor_parallel_size"], profile["name"],
                            profile["tensor_parallel_sizes"])
     if weights_stage:
-        problems += check_revision(profile, hosts[min(hosts)])
+        problems += check_revision(profile, check_type_bool(hosts[min(hosts)].get("model_weights_allow_branch", False)))
     if problems:
         return problems, None
     # The capacity plan is made once, by the preflight, with the memory node_facts finds (kv_plan).

@@ -36,12 +36,13 @@ CASES = [
      "['10.0.0.0/33']"),
     ("allowed-source-not-a-network", {"sparkfleet_api_allowed_sources": ["not-a-network"]}, GROUP,
      "sparkfleet_api_allowed_sources", "['not-a-network']"),
-    ("allowed-source-bare-address", {"sparkfleet_api_allowed_sources": ["10.1.2.3"]}, GROUP,
-     "sparkfleet_api_allowed_sources", "['10.1.2.3']"),
+    ("allowed-source-ipv6", {"sparkfleet_api_allowed_sources": ["fd00::/8"]}, GROUP,
+     "sparkfleet_api_allowed_sources", "['fd00::/8']"),
     ("api-key-newline", {"sparkfleet_api_key": "0123456789abcdef0123\n"}, GROUP, "sparkfleet_api_key",
      "a secret of 21 characters with a line break"),
     ("api-key-empty", {"sparkfleet_api_key": ""}, GROUP, "sparkfleet_api_key", "an empty secret"),
-    ("api-key-short", {"sparkfleet_api_key": "hunter2"}, GROUP, "sparkfleet_api_key", "a secret of 7 characters"),
+    ("api-key-non-ascii", {"sparkfleet_api_key": "clé-secrète-1234"}, GROUP, "sparkfleet_api_key",
+     "a secret of 16 characters with a non-ASCII character"),
     ("tp-not-a-number", {"sparkfleet_tensor_parallel_size": "two"}, GROUP, "sparkfleet_tensor_parallel_size",
      "'two'"),
     ("tp-zero", {"sparkfleet_tensor_parallel_size": 0}, GROUP, "sparkfleet_tensor_parallel_size", "0"),
@@ -76,7 +77,7 @@ CASES = [
     ("managed-tensor-parallel-flag", {"sparkfleet_vllm_args": {"tensor-parallel-size": 4}}, GROUP,
      "sparkfleet_vllm_args: tensor-parallel-size", "4"),
     ("managed-api-key-flag", {"sparkfleet_vllm_args": {"api-key": "x"}}, GROUP,
-     "sparkfleet_vllm_args: api-key", "'x'"),
+     "sparkfleet_vllm_args: api-key", "a secret of 1 character"),
     ("flag-with-dashes", {"sparkfleet_vllm_args": {"--max-model-len": 256}}, GROUP,
      "sparkfleet_vllm_args: --max-model-len", "a flag written with its dashes"),
     ("speculative-config-not-json", {"sparkfleet_vllm_args": {"speculative-config": "{mtp"}}, GROUP,
@@ -99,8 +100,8 @@ CASES = [
      "40000"),
     ("swappiness-words", {"node_memory_sysctls": {"vm.swappiness": "high"}}, NODES, "node_memory_sysctls",
      "{'vm.swappiness': 'high'}"),
-    ("sysctl-outside-vm", {"node_memory_sysctls": {"kernel.panic": 10}}, NODES, "node_memory_sysctls",
-     "{'kernel.panic': 10}"),
+    ("sysctl-not-a-name", {"node_memory_sysctls": {"swappiness": 10}}, NODES, "node_memory_sysctls",
+     "{'swappiness': 10}"),
     ("watermark-500", {"node_memory_sysctls": {"vm.swappiness": 180, "vm.watermark_scale_factor": 500}}, NODES,
      "node_memory_sysctls: vm.watermark_scale_factor", "500"),
     ("swappiness-zero", {"node_memory_sysctls": {"vm.swappiness": 0, "vm.watermark_scale_factor": 100}}, NODES,
@@ -130,7 +131,7 @@ CASES = [
      "model_weights_hub_requirement", "'huggingface_hub>=2'"),
     ("nccl-probe-port-zero", {"nccl_probe_port": 0}, NODES, "nccl_probe_port", "0"),
     ("nccl-env-multiline", {"nccl_env_overrides": {"NCCL_DEBUG": "INFO\nNCCL_X=1"}}, NODES,
-     "nccl_env_overrides", "{'NCCL_DEBUG': 'INFO\\nNCCL_X=1'}"),
+     "nccl_env_overrides", "a line break in the value of NCCL_DEBUG"),
     ("image-compression-99", {"vllm_image_compression_level": 99}, NODES, "vllm_image_compression_level", "99"),
     ("image-build-node-unknown", {"vllm_image_build_node": "node9"}, NODES, "vllm_image_build_node", "'node9'"),
     ("image-hosts-unknown", {"vllm_image_hosts": ["node0", "node9"]}, NODES, "vllm_image_hosts",
@@ -141,7 +142,7 @@ CASES = [
     ("log-dir-relative", {"vllm_service_log_dir": "logs/vllm"}, NODES, "vllm_service_log_dir", "'logs/vllm'"),
     ("start-burst-zero", {"vllm_service_start_limit_burst": 0}, NODES, "vllm_service_start_limit_burst", "0"),
     ("stop-timeout-zero", {"vllm_service_stop_timeout": 0}, NODES, "vllm_service_stop_timeout", "0"),
-    ("service-env-bad-name", {"vllm_service_env": {"1BAD": "x"}}, NODES, "vllm_service_env", "{'1BAD': 'x'}"),
+    ("service-env-bad-name", {"vllm_service_env": {"1BAD": "x"}}, NODES, "vllm_service_env", "the names 1BAD"),
     ("service-api-key-newline", {"vllm_service_api_key": "0123456789abcdef\n"}, NODES, "vllm_service_api_key",
      "a secret of 17 characters with a line break"),
     ("verify-timeout-zero", {"verify_wait_timeout": 0}, NODES, "verify_wait_timeout", "0"),
@@ -220,12 +221,22 @@ def one_hosts_zram(inventory):
 
 
 def fabric_over_management(inventory):
+    """Fabric addresses pinned in the management network: the cable's subnet would be the management one."""
     data = hosts_file(inventory)
     address = cluster_hosts(data)["node0"]["ansible_host"]
-    data["all"]["children"]["sparkfleet_cluster"]["vars"]["sparkfleet_fabric_subnets"] = [
-        address.rsplit(".", 1)[0] + ".0/24"]
+    network = address.rsplit(".", 1)[0]
+    data["all"]["children"]["sparkfleet_cluster"]["vars"]["sparkfleet_fabric_subnets"] = [f"{network}.0/24"]
+    for number, host in enumerate(["node0", "node1"]):
+        cluster_hosts(data)[host]["sparkfleet_fabric_address"] = f"{network}.{200 + number}"
     write_hosts(inventory, data)
     return address
+
+
+def subnet_without_the_addresses(inventory):
+    """A first subnet the pinned addresses are not in: the plan would ignore it."""
+    data = hosts_file(inventory)
+    data["all"]["children"]["sparkfleet_cluster"]["vars"]["sparkfleet_fabric_subnets"] = ["10.99.0.0/24"]
+    write_hosts(inventory, data)
 
 
 STRUCTURE = [
@@ -239,6 +250,7 @@ STRUCTURE = [
     ("per-host-cluster-key", per_host_mtu, GROUP, "sparkfleet_fabric_mtu", "9000 on node0, 1500 on node1"),
     ("one-hosts-role-value", one_hosts_zram, "node1", "node_memory_zram_size_mib", "-4"),
     ("fabric-over-management", fabric_over_management, "node0", "sparkfleet_fabric_subnets", None),
+    ("subnet-without-the-addresses", subnet_without_the_addresses, "node0", "sparkfleet_fabric_address", None),
 ]
 
 

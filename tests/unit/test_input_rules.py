@@ -68,10 +68,10 @@ BAD_ROLE_VALUES = [
     ({"gpu_driver_branch": "latest"},
      "node0, node1: gpu_driver_branch: found 'latest'; expected a int; fix: "),
     ({"node_memory_sysctls": {"vm.swappiness": "high"}},
-     "node0, node1: node_memory_sysctls: found {'vm.swappiness': 'high'}; expected a mapping of vm.* sysctl names "
-     "to whole numbers of at least 0; fix: "),
+     "node0, node1: node_memory_sysctls: found {'vm.swappiness': 'high'}; expected a mapping of sysctl names "
+     "(vm.swappiness) to whole numbers such as 180 or \"256 256 32 0 0\"; fix: "),
     ({"vllm_service_shm_size": "huge"},
-     "node0, node1: vllm_service_shm_size: found 'huge'; expected a size such as 32g, 512m or 100m"),
+     "node0, node1: vllm_service_shm_size: found 'huge'; expected a size such as 32g, 512m or 1.5GB"),
     ({"vllm_image_compression_level": 99},
      "node0, node1: vllm_image_compression_level: found 99; expected a number from 1 to 19; fix: "),
     ({"model_weights_fetch_node": "node7"},
@@ -81,10 +81,10 @@ BAD_ROLE_VALUES = [
      "node0, node1: gpu_sm_clock_range: found [3000, 100]; expected empty, or [lowest, highest] MHz with lowest "
      "<= highest; fix: "),
     ({"vllm_service_env": {"1BAD": "x"}},
-     "node0, node1: vllm_service_env: found {'1BAD': 'x'}; expected a mapping of environment variable names"),
+     "node0, node1: vllm_service_env: found the names 1BAD; expected a mapping of environment variable names"),
     ({"model_weights_hub_requirement": "huggingface_hub>=2"},
      "node0, node1: model_weights_hub_requirement: found 'huggingface_hub>=2'; expected one pinned requirement, "
-     "name==version; fix: "),
+     "name==version (extras allowed: name[extra]==version); fix: "),
     ({"vllm_service_log_dir": "logs/vllm"},
      "node0, node1: vllm_service_log_dir: found 'logs/vllm'; expected an absolute path on the node; fix: "),
     ({"verify_ignored_xids": ["zz"]},
@@ -117,11 +117,12 @@ def test_a_bad_cluster_value_is_refused_with_its_bounds(key, value):
 
 
 @pytest.mark.parametrize("key, shape", [("abc\n" * 5, "a secret of 20 characters with a line break"),
-                                        ("", "an empty secret"), ("short", "a secret of 5 characters"),
+                                        ("", "an empty secret"), ("clé-secrète", "a secret of 11 characters with a "
+                                                                                 "non-ASCII character"),
                                         ("with space in the key 1234", "a secret of 26 characters with a space")])
 def test_a_bad_api_key_is_described_by_its_shape_never_shown(key, shape):
     (line,) = lines(with_group_vars(sparkfleet_api_key=key))
-    assert line.startswith(f"sparkfleet_cluster: sparkfleet_api_key: found {shape}; expected 16 to 512 printable")
+    assert line.startswith(f"sparkfleet_cluster: sparkfleet_api_key: found {shape}; expected printable ASCII")
     if key:
         assert key.strip() not in line
 
@@ -153,10 +154,30 @@ def test_a_null_vllm_arg_removes_the_profiles_flag_and_is_accepted():
 
 def test_the_management_address_inside_the_fabric_is_refused():
     hosts = with_group_vars(sparkfleet_fabric_subnets=["192.168.1.0/24"])
+    hosts["node0"]["sparkfleet_fabric_address"], hosts["node1"]["sparkfleet_fabric_address"] = "192.168.1.10", \
+        "192.168.1.11"
     (line,) = lines(hosts, management={"node0": "192.168.1.101", "node1": "192.168.2.5"})
-    assert line == ("node0: sparkfleet_fabric_subnets: found 192.168.1.0/24, which holds the node's management "
-                    "address 192.168.1.101 (ansible_host); expected fabric networks apart from the management "
-                    "network; fix: choose sparkfleet_fabric_subnets outside 192.168.1.101's network")
+    assert line == ("node0: sparkfleet_fabric_subnets: found 192.168.1.0/24 planned for node0 enp1s0f1np1, which "
+                    "holds the node's management address 192.168.1.101 (ansible_host); expected fabric subnets apart "
+                    "from the management network; fix: choose sparkfleet_fabric_subnets (or the pinned "
+                    "sparkfleet_fabric_address values, or sparkfleet_fabric_supernet) outside 192.168.1.101's "
+                    "network")
+
+
+def test_a_subnet_the_pinned_addresses_are_not_in_is_refused_not_ignored():
+    found = lines(with_group_vars(sparkfleet_fabric_subnets=["192.168.1.0/24"]))
+    assert found == [f"{host}: sparkfleet_fabric_address: found 192.168.100.1{n}, outside 192.168.1.0/24 (the first "
+                     "entry of sparkfleet_fabric_subnets: cable 0 rail 0); expected the pinned address inside its "
+                     "cable's subnet; fix: correct the address, or the first entry of sparkfleet_fabric_subnets"
+                     for n, host in enumerate(["node0", "node1"])]
+
+
+def test_the_subnet_of_pinned_fabric_addresses_counts_and_an_unused_supernet_does_not():
+    """A direct cable's subnet is its pinned addresses' (/24 here); the supernet is not used then."""
+    (line,) = lines(copy.deepcopy(GOOD), management={"node0": "192.168.100.50", "node1": "192.168.2.5"})
+    assert line.startswith("node0: sparkfleet_fabric_subnets: found 192.168.100.0/24 planned for node0 ")
+    problems, _plan = validate(copy.deepcopy(GOOD), management={"node0": "10.100.5.10", "node1": "10.100.5.11"})
+    assert problems == []
 
 
 def test_a_management_name_is_left_to_the_fabric_discovery():
@@ -174,3 +195,60 @@ def test_an_unpinned_revision_is_refused_when_the_run_reaches_the_weights_stage(
 def test_sysctl_values_that_are_not_numbers_do_not_crash_the_memory_checks():
     found = lines(with_group_vars(node_memory_sysctls={"vm.swappiness": "high", "vm.watermark_scale_factor": "x"}))
     assert len(found) == 1 and "node_memory_sysctls" in found[0]
+
+
+def test_secrets_that_differ_between_hosts_are_named_by_host_never_quoted():
+    hosts = copy.deepcopy(GOOD)
+    hosts["node0"]["sparkfleet_api_key"], hosts["node1"]["sparkfleet_api_key"] = "key-of-node-zero", "key-of-node-one"
+    found = lines(hosts)
+    assert found == ["sparkfleet_cluster: sparkfleet_api_key: found different secrets on node0; node1; expected one "
+                     "value for the whole cluster; fix: set sparkfleet_api_key once in group_vars/sparkfleet_cluster, "
+                     "not per host"]
+
+
+def test_an_api_key_passed_as_a_vllm_flag_is_refused_without_quoting_it():
+    (line,) = lines(with_group_vars(sparkfleet_vllm_args={"api-key": "MySecretKey1234567890"}))
+    assert "MySecretKey" not in line and "found a secret of 21 characters" in line
+
+
+def test_an_environment_mapping_names_what_is_wrong_without_quoting_its_values():
+    (line,) = lines(with_group_vars(vllm_service_env={"HF_TOKEN": "hf_secret", "BAD NAME": "x", "A": "1\n2"}))
+    assert "hf_secret" not in line
+    assert "found the names BAD NAME and a line break in the value of A;" in line
+
+
+@pytest.mark.parametrize("key, value", [
+    ("sparkfleet_api_allowed_sources", ["10.1.2.3"]), ("sparkfleet_api_allowed_sources", ["10.1.2.0/24"]),
+    ("vllm_service_shm_size", "32GB"), ("vllm_service_shm_size", "1.5g"), ("container_runtime_log_max_size", "100m"),
+    ("model_weights_hub_requirement", "huggingface_hub[hf_xet]==2.4.0"), ("vllm_image_vllm_version", "0.33.1rc1"),
+    ("sparkfleet_fabric_prefix", 31), ("nccl_probe", "yes"), ("container_runtime_nvidia", True),
+    ("node_memory_sysctls", {"vm.swappiness": 180, "vm.lowmem_reserve_ratio": "256 256 32 0 0"}),
+    ("verify_ignored_xids", ["0x51", "0X51", "79"]), ("sparkfleet_api_key", "k"),
+])
+def test_values_the_roles_take_pass(key, value):
+    problems, _plan = validate(with_group_vars(**{key: value}))
+    assert problems == []
+
+
+@pytest.mark.parametrize("key, value", [
+    ("sparkfleet_api_allowed_sources", ["fd00::/8"]), ("nccl_probe", "AUTO"), ("verify_ignored_xids", ["081"]),
+    ("node_memory_sysctls", {"vm.swappiness": "high"}), ("node_memory_sysctls", {"vm.swappiness": True}),
+])
+def test_values_the_roles_would_fail_on_are_refused(key, value):
+    (line,) = lines(with_group_vars(**{key: value}))
+    assert line.startswith(f"node0, node1: {key}: found ") or line.startswith(f"sparkfleet_cluster: {key}: found ")
+
+
+def test_allow_branch_as_text_false_is_false():
+    hosts = with_group_vars(model_weights_allow_branch="false")
+    (line,) = lines(hosts, weights_stage=True)
+    assert "checkpoint.revision: found no revision" in line
+
+
+def test_an_unresolvable_value_is_refused_and_a_node_fact_template_is_left_to_its_role():
+    unresolved = {"node0": {"vllm_service_host": None, "sparkfleet_api_key": "AnsibleVaultError: no secret"},
+                  "node1": {"vllm_service_host": None}}
+    (line,) = lines(copy.deepcopy(GOOD), unresolved=unresolved)
+    assert line == ("node0: sparkfleet_api_key: found a value that cannot be resolved on the controller "
+                    "(AnsibleVaultError: no secret); expected a value the preflight can check before any host is "
+                    "touched; fix: give the value itself, or provide what its template or vault needs")
