@@ -446,6 +446,23 @@ def check_management_apart(management: Mapping[str, str], subnets: Mapping[str, 
     return problems
 
 
+def check_kv_dtype(profile: Mapping[str, Any], args: Mapping[str, Any] | None) -> list[Problem]:
+    """An inventory override of the KV cache format must be one the profile has byte figures for (the capacity
+    plan sizes the pool from them)."""
+    dtype = (args or {}).get("kv-cache-dtype")
+    layers = ((profile.get("capacity") or {}).get("token_layers") or {})
+    if not dtype or not layers:
+        return []
+    known = [set((layer or {}).get("bytes_per_token") or {}) for layer in layers.values()]
+    if all(str(dtype) in sizes or "any" in sizes for sizes in known):
+        return []
+    specific = [sizes for sizes in known if "any" not in sizes]  # a layer with an "any" size takes every format
+    choices = sorted(set.intersection(*specific)) if specific else []
+    return [Problem(CLUSTER_GROUP, "sparkfleet_vllm_args: kv-cache-dtype", repr(dtype),
+                    f"a format profile {profile.get('name')} has KV sizes for ({', '.join(choices) or 'none'})",
+                    "remove kv-cache-dtype from sparkfleet_vllm_args, or add the format's byte sizes to the profile")]
+
+
 def check_revision(profile: Mapping[str, Any], allow_branch: bool) -> list[Problem]:
     """A checkpoint from the Hub at a pinned commit, unless the inventory accepts a moving branch; from a cache,
     always a commit (the weights module pins a cache's revision whatever model_weights_allow_branch says)."""
@@ -530,6 +547,7 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         return problems, None
     problems += check_size(hosts, cluster["sparkfleet_tensor_parallel_size"], profile["name"],
                            profile["tensor_parallel_sizes"])
+    problems += check_kv_dtype(profile, cluster.get("sparkfleet_vllm_args"))
     if weights_stage:
         problems += check_revision(profile, check_type_bool(hosts[min(hosts)].get("model_weights_allow_branch", False)))
     if problems:

@@ -136,8 +136,14 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
     block_size = int(args.get("block-size") or capacity["block_size"])
     memory = capacity.get("memory") or {}
 
-    per_token = sum(_token_bytes(name, layer, dtype, tp, int(spec_layers.get(name, 0)))
-                    for name, layer in (capacity.get("token_layers") or {}).items())
+    try:
+        per_token = sum(_token_bytes(name, layer, dtype, tp, int(spec_layers.get(name, 0)))
+                        for name, layer in (capacity.get("token_layers") or {}).items())
+    except PlanError as err:
+        if (args_overrides or {}).get("kv-cache-dtype"):  # the inventory's override, not the profile, chose it
+            raise PlanError(err.found, err.expected, "remove kv-cache-dtype from sparkfleet_vllm_args, or set it to "
+                            "one of those", key="sparkfleet_vllm_args: kv-cache-dtype") from err
+        raise
     state = sum(_state_bytes(layer, tp, spec_tokens) for layer in (capacity.get("state_layers") or {}).values())
     hybrid = state > 0
     if per_token <= 0:

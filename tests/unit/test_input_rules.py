@@ -252,3 +252,12 @@ def test_an_unresolvable_value_is_refused_and_a_node_fact_template_is_left_to_it
     assert line == ("node0: sparkfleet_api_key: found a value that cannot be resolved on the controller "
                     "(AnsibleVaultError: no secret); expected a value the preflight can check before any host is "
                     "touched; fix: give the value itself, or provide what its template or vault needs")
+
+
+def test_a_kv_format_the_profile_has_no_size_for_is_refused_by_the_first_check():
+    (line,) = lines(with_group_vars(sparkfleet_vllm_args={"kv-cache-dtype": "fp4_e2m1"}))
+    assert line.startswith("sparkfleet_cluster: sparkfleet_vllm_args: kv-cache-dtype: found 'fp4_e2m1'; expected a "
+                           "format profile glm-5.3-flash-nvfp4-tp2 has KV sizes for (fp8_ds_mla, fp8_e4m3, nvfp4, "
+                           "sparkfleet_nvfp4); fix: remove kv-cache-dtype")
+    problems, _plan = validate(with_group_vars(sparkfleet_vllm_args={"kv-cache-dtype": "fp8_ds_mla"}))
+    assert problems == []
