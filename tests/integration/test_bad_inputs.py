@@ -319,3 +319,18 @@ def test_no_secret_reaches_the_output_of_a_refusal(broken, tmp_path):
     text = refused(broken, tmp_path)
     assert key.strip() not in text
     refusal_line(text, GROUP, "sparkfleet_api_key", "a secret of 33 characters with a line break")
+
+
+def test_an_unreachable_node_is_reported_as_such_and_nothing_is_changed(broken, tmp_path):
+    """The preflight's first contact (node discovery) finds node1 refusing SSH: the run stops on every node."""
+    data = hosts_file(broken)
+    cluster_hosts(data)["node1"]["ansible_port"] = 1  # nothing listens there: connection refused at once
+    write_hosts(broken, data)
+    runner = run_playbook(tmp_path / "run", SITE, inventory=str(broken))
+    text = output(runner)
+    assert runner.status == "failed", text[-3000:]
+    assert set(runner.stats["dark"]) == {"node1"}, runner.stats
+    assert "fatal: [node1]: UNREACHABLE!" in text and "port 1" in text
+    assert runner.stats["changed"] == {}
+    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
+    assert plays == {"Preflight"}
