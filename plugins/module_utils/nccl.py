@@ -132,7 +132,8 @@ def parse_probe(text: str) -> dict[str, Any]:
 def probe_skip_reason(nodes: list[dict[str, Any]], setting: str, image: str, record: str, check_mode: bool) -> str:
     """Why the all-reduce probe does not run on this cluster, the same answer on every node; '' when it runs.
 
-    nodes: one mapping per node - wanted (an NVIDIA GPU outside a container and nccl_probe not false), serving
+    nodes: one mapping per node - wanted (the node may probe: nccl_probe true, or auto on an NVIDIA GPU outside a
+    container), serving
     (the vLLM unit is active), image (the probe's image is on the node), env_changed (this run rewrote the rank's
     NCCL environment), passed_before (a record of a passing probe exists).
     setting: nccl_probe (auto, true or false). The first reason that holds is given, in this order: a node that
