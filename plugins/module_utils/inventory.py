@@ -385,10 +385,10 @@ TOPOLOGY_BY_SIZE = {2: "direct", 3: "triangle", 4: "ring"}
 
 
 def fabric_subnets(ranks: Mapping[str, int], addresses: Mapping[str, str],
-                   cluster: Mapping[str, Any]) -> dict[str, str] | None:
-    """The subnets the fabric stage will give its ports ({subnet: the first port's name}): the fabric role's own
-    plan (module_utils/fabric.plan) with the arguments it passes. None when no plan can be made (the fabric
-    role's plan check says why)."""
+                   cluster: Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
+    """The subnets the fabric stage will give its ports ({subnet: {node: its port}}): the fabric role's own plan
+    (module_utils/fabric.plan) with the arguments it passes. None when no plan can be made (the fabric role's
+    plan check says why)."""
     nodes = sorted(ranks, key=ranks.__getitem__)
     topology = resolved_topology(cluster, len(nodes))
     try:
@@ -401,10 +401,10 @@ def fabric_subnets(ranks: Mapping[str, int], addresses: Mapping[str, str],
                                  subnets=cluster.get("sparkfleet_fabric_subnets") or None)
     except (fabric.FabricError, ValueError):
         return None
-    ports: dict[str, str] = {}
+    ports: dict[str, dict[str, str]] = {}
     for node, items in interfaces.items():
         for item in items:
-            ports.setdefault(str(item["subnet"]), f"{node} {item['netdev']}")
+            ports.setdefault(str(item["subnet"]), {}).setdefault(node, str(item["netdev"]))
     return ports
 
 
@@ -427,7 +427,8 @@ def check_pinned_in_subnet(addresses: Mapping[str, str], cluster: Mapping[str, A
             for host, address in sorted(addresses.items()) if ipaddress.ip_address(str(address)) not in first]
 
 
-def check_management_apart(management: Mapping[str, str], subnets: Mapping[str, str] | None) -> list[Problem]:
+def check_management_apart(management: Mapping[str, str],
+                           subnets: Mapping[str, Mapping[str, str]] | None) -> list[Problem]:
     """No node's management address (how Ansible reaches it) inside a subnet the fabric will give a port: netplan
     would move the management route onto the fabric port and the controller would lose the node."""
     problems = []
@@ -436,7 +437,9 @@ def check_management_apart(management: Mapping[str, str], subnets: Mapping[str, 
             address = ipaddress.ip_address(str(text))
         except ValueError:
             continue  # a DNS name: the fabric discovery compares the node's real networks
-        for subnet, port in sorted((subnets or {}).items()):
+        for subnet, ports in sorted((subnets or {}).items()):
+            own = host if host in ports else next(iter(ports))  # the node's own port where it has one there
+            port = f"{own} {ports[own]}"
             if address in ipaddress.ip_network(subnet):
                 problems.append(Problem(host, "sparkfleet_fabric_subnets", f"{subnet} planned for {port}, which "
                                         f"holds the node's management address {address} (ansible_host)",

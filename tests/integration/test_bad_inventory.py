@@ -35,7 +35,9 @@ def mistyped_key(inventory):
 def three_nodes_for_tp2(inventory):
     data = yaml.safe_load((inventory / "hosts.yml").read_text())
     cluster = data["all"]["children"]["sparkfleet_cluster"]
-    spare = dict(cluster["hosts"]["node1"], sparkfleet_node_rank=2, sparkfleet_fabric_address="198.51.100.12",
+    # an address in the cable's subnet, as node1's (only the node count is wrong)
+    address = cluster["hosts"]["node1"]["sparkfleet_fabric_address"].rsplit(".", 1)[0] + ".250"
+    spare = dict(cluster["hosts"]["node1"], sparkfleet_node_rank=2, sparkfleet_fabric_address=address,
                  ansible_host="198.51.100.12")
     cluster["hosts"]["node2"] = spare
     (inventory / "hosts.yml").write_text(yaml.safe_dump(data))
@@ -116,13 +118,16 @@ def ring_on_two_nodes(inventory):
 
 
 def fabric_subnet_over_the_management_network(inventory):
+    """A /8 prefix makes the cable's subnet 10.0.0.0/8, over the management network: the first check refuses it
+    from the plan and each node's ansible_host (the fabric discovery would otherwise, from the node's networks)."""
     (inventory / "group_vars").mkdir()
     (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text("---\nsparkfleet_fabric_prefix: 8\n")
     management = hosts_of(inventory)["node0"]["ansible_host"]
-    return ("Fabric plan refused (nothing was changed):",
-            f"node0: enp1s0f1np1: found fabric subnet 10.0.0.0/8 overlapping {management.rsplit('.', 1)[0]}.0/24 "
-            f"(the node's {management}/24 on another interface); expected fabric subnets apart from every other "
-            "network; fix: choose another sparkfleet_fabric_supernet or sparkfleet_fabric_subnets")
+    return ("Inventory check found 2 problems (nothing was changed on any host):",
+            "node0: sparkfleet_fabric_subnets: found 10.0.0.0/8 planned for node0 enp1s0f1np1, which holds the "
+            f"node's management address {management} (ansible_host); expected fabric subnets apart from the "
+            "management network; fix: choose sparkfleet_fabric_subnets (or the pinned sparkfleet_fabric_address "
+            f"values, or sparkfleet_fabric_supernet) outside {management}'s network")
 
 
 @pytest.mark.parametrize("breakage", [ring_on_two_nodes, fabric_subnet_over_the_management_network])
