@@ -300,13 +300,18 @@ def site(lab):
     return text
 
 
-@pytest.fixture
-def lab_inventory_copy(lab, tmp_path):
-    """A private copy of the lab inventory a test may break."""
+def inventory_copy(lab, tmp_path):
+    """A private copy of a lab's inventory, for a test to break."""
     target = tmp_path / "inventory"
     target.mkdir()
     shutil.copy(lab["inventory"], target / "hosts.yml")
     return target
+
+
+@pytest.fixture
+def lab_inventory_copy(lab, tmp_path):
+    """A private copy of the 2-node lab's inventory a test may break."""
+    return inventory_copy(lab, tmp_path)
 
 
 def wait_until(ready, what, progress=None, stall=180, poll=2.0, limit=900):

@@ -6,11 +6,10 @@ The lab is the weights lab (its nodes are up and converged through the fabric st
 value through would go on to change real nodes."""
 
 import os
-import shutil
 
 import pytest
 import yaml
-from conftest import ROOT, output, run_playbook, task_names
+from conftest import ROOT, inventory_copy, output, run_playbook, task_names
 
 SITE = os.path.join(ROOT, "site.yml")
 NODES = "node0, node1"
@@ -257,10 +256,7 @@ STRUCTURE = [
 @pytest.fixture
 def broken(weights_lab, tmp_path):
     """A private copy of the weights lab's inventory a test may break."""
-    target = tmp_path / "inventory"
-    target.mkdir()
-    shutil.copy(weights_lab["inventory"], target / "hosts.yml")
-    return target
+    return inventory_copy(weights_lab, tmp_path)
 
 
 def refused(inventory, tmp_path):

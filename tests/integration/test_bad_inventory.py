@@ -58,39 +58,37 @@ def test_bad_inventory_fails_in_preflight(breakage, lab_inventory_copy, tmp_path
     assert set(task_names(runner)) <= ALLOWED_BEFORE_FAILURE, task_names(runner)
 
 
-def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_inventory_copy, tmp_path):
-    """The pin fits the profile's rules but not the nodes' memory, which only node_facts knows."""
-    (lab_inventory_copy / "group_vars").mkdir()
-    (lab_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
-        "---\nsparkfleet_vllm_args:\n  kv-cache-memory-bytes: 400G\n")
-    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+def capacity_refusal(inventory, tmp_path, vllm_args):
+    """site.yml with these vLLM overrides, refused by the one capacity plan (made with the nodes' memory, after
+    node discovery) before any change: the run's output."""
+    (inventory / "group_vars").mkdir()
+    overrides = yaml.safe_dump({"sparkfleet_vllm_args": vllm_args})
+    (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text(overrides)
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(inventory))
     text = output(runner)
     assert runner.status == "failed"
-    assert "Capacity plan refused (nothing was changed on any host):" in text
+    assert "Capacity plan refused (nothing was changed on any host):" in text, text[-3000:]
+    assert runner.stats["changed"] == {}
+    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
+    assert plays == {"Preflight"}
+    return text
+
+
+def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_inventory_copy, tmp_path):
+    """The pin fits the profile's rules but not the nodes' memory, which only node_facts knows."""
+    text = capacity_refusal(lab_inventory_copy, tmp_path, {"kv-cache-memory-bytes": "400G"})
     line = next(line for line in text.splitlines() if "sparkfleet_vllm_args: kv-cache-memory-bytes: found" in line)
     assert "sparkfleet_cluster: sparkfleet_vllm_args: kv-cache-memory-bytes: found " in line  # where, then key
     assert "GiB needed per node (weights 0.02 + runtime 3.00 + KV 400.00 + floor 1.00 + OS 1.00)" in line
     assert "expected at most the node's" in line and "fix: lower the KV pin by at least" in line
-    assert runner.stats["changed"] == {}
-    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
-    assert "Weights" not in plays
 
 
 def test_a_context_beyond_the_model_is_refused_by_the_one_capacity_plan(lab_inventory_copy, tmp_path):
     """The plan is computed once, with the nodes' memory: what it refuses, it refuses before any change."""
-    (lab_inventory_copy / "group_vars").mkdir()
-    (lab_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
-        "---\nsparkfleet_vllm_args:\n  max-model-len: 4096\n")
-    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
-    text = output(runner)
-    assert runner.status == "failed"
-    assert "Capacity plan refused (nothing was changed on any host):" in text
+    text = capacity_refusal(lab_inventory_copy, tmp_path, {"max-model-len": 4096})
     # The whole problem in one piece (Ansible's error line shows the message's line break as "\n").
     assert ("sparkfleet_cluster: sparkfleet_vllm_args: max-model-len: found 4,096; expected at most the model's "
             "limit 2,048; fix: lower max-model-len in sparkfleet_vllm_args or the profile") in text, text[-3000:]
-    assert runner.stats["changed"] == {}
-    plays = {e["event_data"].get("play") for e in runner.events if e["event"] == "playbook_on_play_start"}
-    assert plays == {"Preflight"}
 
 
 def test_an_image_base_without_a_digest_is_refused_before_any_change(lab_inventory_copy, tmp_path):
