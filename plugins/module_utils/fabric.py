@@ -164,6 +164,16 @@ TOPOLOGIES = {
 RAIL_TWINS = ("", "P2")  # rail 0: the enp1s0... functions; rail 1: their twins enP2p1s0...
 
 
+MESH_TOPOLOGIES = ("triangle", "ring")  # no address reaches every peer: ranks rendezvous on management addresses
+TOPOLOGY_BY_SIZE = {2: "direct", 3: "triangle", 4: "ring"}
+
+
+def resolved_topology(setting: str | None, size: int) -> str:
+    """The topology as set, or for auto the one the node count cables (the fabric role's vars apply the same)."""
+    setting = setting or "auto"
+    return TOPOLOGY_BY_SIZE.get(size, "switch") if setting == "auto" else setting
+
+
 def cables(nodes: list[str], topology: str, cage: int = 1) -> list[dict[str, Any]]:
     """The cables a topology has: [{ends: [(node, cage), (node, cage)]}], or one 'switch' cable for all."""
     if topology not in TOPOLOGIES:

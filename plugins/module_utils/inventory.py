@@ -380,23 +380,19 @@ def check_vllm_args(args: Any) -> list[Problem]:
     return problems
 
 
-MESH_TOPOLOGIES = ("triangle", "ring")
-TOPOLOGY_BY_SIZE = {2: "direct", 3: "triangle", 4: "ring"}
-
-
 def fabric_subnets(ranks: Mapping[str, int], addresses: Mapping[str, str],
                    cluster: Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
     """The subnets the fabric stage will give its ports ({subnet: {node: its port}}): the fabric role's own plan
     (module_utils/fabric.plan) with the arguments it passes. None when no plan can be made (the fabric role's
     plan check says why)."""
     nodes = sorted(ranks, key=ranks.__getitem__)
-    topology = resolved_topology(cluster, len(nodes))
+    topology = fabric.resolved_topology(cluster.get("sparkfleet_fabric_topology"), len(nodes))
     try:
         interfaces = fabric.plan(nodes, topology, rails=cluster.get("sparkfleet_fabric_rails", 1),
                                  supernet=cluster.get("sparkfleet_fabric_supernet", "10.100.0.0/16"),
                                  cage=cluster.get("sparkfleet_fabric_cage", 1),
                                  mtu=cluster.get("sparkfleet_fabric_mtu", 9000),
-                                 pinned={} if topology in MESH_TOPOLOGIES else dict(addresses),
+                                 pinned={} if topology in fabric.MESH_TOPOLOGIES else dict(addresses),
                                  prefix=cluster.get("sparkfleet_fabric_prefix", 24),
                                  subnets=cluster.get("sparkfleet_fabric_subnets") or None)
     except (fabric.FabricError, ValueError):
@@ -408,17 +404,12 @@ def fabric_subnets(ranks: Mapping[str, int], addresses: Mapping[str, str],
     return ports
 
 
-def resolved_topology(cluster: Mapping[str, Any], size: int) -> str:
-    """The fabric role's rule: the topology as set, or by the node count for auto."""
-    topology = cluster.get("sparkfleet_fabric_topology") or "auto"
-    return TOPOLOGY_BY_SIZE.get(size, "switch") if topology == "auto" else topology
-
-
 def check_pinned_in_subnet(addresses: Mapping[str, str], cluster: Mapping[str, Any]) -> list[Problem]:
     """On a direct cable or a switch the fabric addresses are pinned, and their subnet is cable 0 rail 0's: a first
     entry of sparkfleet_fabric_subnets that does not hold them would be ignored without a word."""
     subnets = cluster.get("sparkfleet_fabric_subnets") or []
-    if not subnets or resolved_topology(cluster, len(addresses)) in MESH_TOPOLOGIES:
+    topology = fabric.resolved_topology(cluster.get("sparkfleet_fabric_topology"), len(addresses))
+    if not subnets or topology in fabric.MESH_TOPOLOGIES:
         return []
     first = ipaddress.ip_network(str(subnets[0]), strict=False)  # input_rules checked the syntax
     return [Problem(host, "sparkfleet_fabric_address", f"{address}, outside {first} (the first entry of "
