@@ -1,8 +1,10 @@
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
-"""Docker's daemon.json with sparkfleet's keys merged in.
+"""Docker's daemon.json with sparkfleet's keys merged in, and what an image inspection says about one image.
 
 ``existing | sparkfleet.cluster.docker_daemon_config(max_size, max_file, nvidia)``
+``info.images | sparkfleet.cluster.image_summary`` (documented in image_summary.yml)
+``host_info.images | sparkfleet.cluster.stale_image_tags(repository, keep)`` (documented in stale_image_tags.yml)
 """
 
 from __future__ import annotations
@@ -75,6 +77,42 @@ def docker_daemon_config(existing: dict[str, Any] | None, log_max_size: str = "1
     return config
 
 
+FINGERPRINT_LABEL = "io.sparkfleet.fingerprint"
+
+
+def image_summary(images: list[dict[str, Any]] | None, label: str = FINGERPRINT_LABEL) -> dict[str, Any]:
+    """The one image community.docker.docker_image_info found for a name: id, size and fingerprint label.
+
+    No image (an empty list, or the module's result missing because the engine did not answer) is the empty summary,
+    so a caller compares ids without asking first whether there was one.
+    """
+    if not images:
+        return {"id": "", "size": 0, "fingerprint": ""}
+    if not isinstance(images, list) or len(images) != 1 or not isinstance(images[0], dict):
+        raise ValueError(f"expected the one image docker_image_info returns for one name, found {images!r:.200}")
+    image = images[0]
+    labels = (image.get("Config") or {}).get("Labels") or {}
+    return {"id": str(image.get("Id") or ""), "size": int(image.get("Size") or 0),
+            "fingerprint": str(labels.get(label) or "")}
+
+
+def stale_image_tags(images: list[dict[str, Any]] | None, repository: str, keep: list[str]) -> list[str]:
+    """The repository's tags on images that carry none of the kept tags (docker_host_info's image list).
+
+    An image is kept whole when any of its tags is kept (an old build that is also :previous stays); every other
+    image of the repository loses its tags, which removes it once no tag is left.
+    """
+    prefix = f"{repository}:"
+    kept = set(keep)
+    stale: list[str] = []
+    for image in images or []:
+        tags = [tag for tag in (image.get("RepoTags") or []) if tag.startswith(prefix)]
+        if tags and not kept.intersection(image.get("RepoTags") or []):
+            stale.extend(sorted(tags))
+    return stale
+
+
 class FilterModule:
     def filters(self):
-        return {"docker_daemon_config": docker_daemon_config}
+        return {"docker_daemon_config": docker_daemon_config, "image_summary": image_summary,
+                "stale_image_tags": stale_image_tags}

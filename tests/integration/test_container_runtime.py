@@ -81,3 +81,15 @@ def test_drift_is_put_back_and_the_engine_restarted(converged, fabric_lab, tmp_p
     assert runner.stats["changed"] == {NODE: 2}, output(runner)[-3000:]  # the file, then the handler
     assert on_node(fabric_lab, NODE, "systemctl", "show", "-p", "MainPID", "--value", "docker").stdout != before
     assert log_config_of_a_new_container(fabric_lab)["Config"]["max-size"] == "100m"
+
+
+def test_the_docker_modules_of_later_stages_work_on_the_node(converged, fabric_lab, tmp_path):
+    log_config_of_a_new_container(fabric_lab)  # leaves tiny:1 on the node
+    wanted = on_node(fabric_lab, NODE, "docker", "image", "inspect", "-f", "{{.Id}}", "tiny:1").stdout.strip()
+    runner = run_playbook(tmp_path / "modules", os.path.join(ROOT, "tests/integration/playbooks/docker_modules.yml"),
+                          inventory=fabric_lab["inventory"], extravars={"target": NODE, "image": "tiny:1"})
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert f"found {wanted}" in text
+    assert runner.stats["changed"] == {NODE: 2}  # tagged, untagged
+    assert on_node(fabric_lab, NODE, "docker", "image", "inspect", "tiny:current", check=False).returncode != 0

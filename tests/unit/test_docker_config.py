@@ -1,8 +1,12 @@
-"""daemon.json merging (plugins/filter/docker.py): sparkfleet's keys in, every other key kept, stable."""
+"""daemon.json merging and image summaries (plugins/filter/docker.py): keys kept, stable, absent images empty."""
 
 import pytest
 
-from ansible_collections.sparkfleet.cluster.plugins.filter.docker import docker_daemon_config
+from ansible_collections.sparkfleet.cluster.plugins.filter.docker import (
+    docker_daemon_config,
+    image_summary,
+    stale_image_tags,
+)
 
 
 def test_an_empty_file_gets_log_limits_and_the_nvidia_runtime():
@@ -36,3 +40,47 @@ def test_another_log_driver_is_respected():
 def test_a_file_that_is_not_an_object_is_refused():
     with pytest.raises(ValueError, match=r"daemon\.json holds a list, expected a JSON object"):
         docker_daemon_config([], "100m", 3, False)
+
+
+# --------------------------------------------------------------------------------------------- image_summary
+
+IMAGE = {"Id": "sha256:" + "ab" * 32, "Size": 7340032, "RepoTags": ["sparkfleet/vllm:current"],
+         "Config": {"Labels": {"io.sparkfleet.fingerprint": "f" * 64, "maintainer": "x"}}}
+
+
+def test_an_image_is_summarised_by_id_size_and_fingerprint():
+    assert image_summary([IMAGE]) == {"id": "sha256:" + "ab" * 32, "size": 7340032, "fingerprint": "f" * 64}
+
+
+@pytest.mark.parametrize("images", [[], None], ids=["no-such-image", "engine-did-not-answer"])
+def test_no_image_is_the_empty_summary(images):
+    assert image_summary(images) == {"id": "", "size": 0, "fingerprint": ""}
+
+
+def test_an_unlabelled_image_has_no_fingerprint_and_another_label_can_be_read():
+    bare = {"Id": "sha256:1", "Size": 1, "Config": {"Labels": None}}
+    assert image_summary([bare])["fingerprint"] == ""
+    assert image_summary([IMAGE], "maintainer")["fingerprint"] == "x"
+
+
+def test_several_images_for_one_name_are_refused():
+    with pytest.raises(ValueError, match="the one image"):
+        image_summary([IMAGE, IMAGE])
+
+
+# --------------------------------------------------------------------------------------------- stale_image_tags
+
+def test_only_images_without_a_kept_tag_lose_their_tags():
+    repo = "sparkfleet/vllm"
+    images = [
+        {"Id": "1", "RepoTags": [f"{repo}:current", f"{repo}:aaaa"]},        # current: kept whole
+        {"Id": "2", "RepoTags": [f"{repo}:previous"]},                        # previous: kept
+        {"Id": "3", "RepoTags": [f"{repo}:bbbb", f"{repo}:old", "other/x:1"]},  # an old build: its repo tags go
+        {"Id": "4", "RepoTags": [f"{repo}:cccc"]},                            # the new tag, not yet current
+        {"Id": "5", "RepoTags": None},                                        # dangling: not ours to name
+    ]
+    keep = [f"{repo}:current", f"{repo}:previous", f"{repo}:cccc"]
+    assert stale_image_tags(images, repo, keep) == [f"{repo}:bbbb", f"{repo}:old"]
+    assert stale_image_tags(None, repo, keep) == []
+    # A repository whose name prefixes another's is not confused with it.
+    assert stale_image_tags([{"RepoTags": [f"{repo}-dev:1"]}], repo, keep) == []
