@@ -2,6 +2,7 @@
 # Apache License 2.0 (see LICENSE)
 """The fabric for plays (each filter is documented in its own ``<name>.yml`` beside this file).
 
+- ``setting | sparkfleet.cluster.fabric_topology(node_count)``: the topology, ``auto`` resolved by node count.
 - ``nodes | sparkfleet.cluster.fabric_plan(topology, ...)``: every node's fabric interfaces.
 - ``nodes | sparkfleet.cluster.fabric_plan_problem(...)``: the line fabric_plan would fail with, or ''.
 - ``node | sparkfleet.cluster.fabric_plan_line(sparkfleet_fabric_plan)``: one line of the preflight's plan.
@@ -112,6 +113,10 @@ def nccl_probe(stdout: str) -> dict[str, Any]:
                          "(a rank that could not reach the head's rendezvous address times out)"))
 
 
+def fabric_topology(setting: str | None, size: int) -> str:
+    return fabric.resolved_topology(setting, int(size))
+
+
 def nccl_probe_skip(nodes: list[dict[str, Any]], setting: str, image: str, record: str,
                     check_mode: bool = False) -> str:
     return nccl.probe_skip_reason([dict(node or {}) for node in nodes], setting, image, record, bool(check_mode))
@@ -119,7 +124,8 @@ def nccl_probe_skip(nodes: list[dict[str, Any]], setting: str, image: str, recor
 
 class FilterModule:
     def filters(self):
-        return {"fabric_plan": fabric_plan, "fabric_plan_problem": fabric_plan_problem,
+        return {"fabric_topology": fabric_topology, "fabric_plan": fabric_plan,
+                "fabric_plan_problem": fabric_plan_problem,
                 "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
                 "fabric_netplan": fabric_netplan, "fabric_nftables": fabric_nftables,
                 "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe,

@@ -371,3 +371,13 @@ def test_an_address_beside_the_planned_one_is_named_with_where_it_comes_from():
         "enp1s0f1np1: found 192.168.100.10/24 besides 10.100.0.1/24; expected only the planned address(es); fix: "
         "remove the port's other configuration (an older netplan file such as 40-cx7.yaml, or a NetworkManager "
         "profile: nmcli -f NAME,DEVICE connection show)"]
+
+
+@pytest.mark.parametrize("setting,size,expected", [
+    ("auto", 2, "direct"), ("auto", 3, "triangle"), ("auto", 4, "ring"), ("auto", 5, "switch"), (None, 3, "triangle"),
+    ("switch", 2, "switch"), ("ring", 4, "ring"),
+])
+def test_auto_resolves_by_node_count_and_a_setting_is_kept(setting, size, expected):
+    from ansible_collections.sparkfleet.cluster.plugins.filter.fabric import fabric_topology
+    assert fabric.resolved_topology(setting, size) == expected
+    assert fabric_topology(setting, str(size)) == expected  # the filter, as Jinja hands it a count
