@@ -9,8 +9,9 @@ The layout is the one huggingface_hub writes and vLLM reads offline (HF_HUB_OFFL
     <cache_dir>/models--<org>--<name>/refs/main                    (the pinned revision)
 
 and sparkfleet adds `.sparkfleet-verified.json` beside them: the revision, the manifest hash and the file
-list with sizes, written only after every file's checksum matched. A later run with the same revision and
-manifest reads only that marker and stats the files: no network, no hashing.
+list with each file's stat record (size, mtime_ns, ctime_ns, inode, device), written only after every file's
+checksum matched. A later run with the same revision and manifest reads only that marker and stats the files:
+no network, no hashing, unless a file is no longer the one verified.
 """
 
 from __future__ import annotations
@@ -274,27 +275,60 @@ def read_marker(cache_dir: str, repo_id: str) -> dict[str, Any] | None:
         return None
 
 
+# What stat() proves about a file without reading it: an in-place write moves mtime and ctime (and resetting mtime
+# with touch moves ctime), a replaced file has another inode. Compared by the fast path instead of re-hashing.
+STAT_KEYS = ("size", "mtime_ns", "ctime_ns", "inode", "device")
+
+
+def stat_record(path: str) -> dict[str, int]:
+    """The file's identity as the marker keeps it (of the blob a snapshot link points at)."""
+    found = os.stat(path)
+    return {"size": found.st_size, "mtime_ns": found.st_mtime_ns, "ctime_ns": found.st_ctime_ns,
+            "inode": found.st_ino, "device": found.st_dev}
+
+
+def stat_drift(snapshot: str, item: dict[str, Any]) -> str | None:
+    """Why a file no longer is the one the marker verified ('' keys it lacks count as drift), or None."""
+    path = os.path.join(snapshot, item["path"])
+    try:
+        now = stat_record(path)
+    except OSError as err:
+        return f"{item['path']}: {err.strerror.lower()}"
+    recorded = item.get("stat") or {"size": item.get("size")}
+    changed = [key for key in STAT_KEYS if recorded.get(key) != now[key]]
+    return f"{item['path']}: {', '.join(changed)} changed since it was verified" if changed else None
+
+
+def marker_drift(cache_dir: str, repo_id: str, revision: str, manifest_sha256: str | None = None,
+                 selection: dict[str, Any] | None = None) -> list[str]:
+    """Why the marker does not prove this checkout (one line each; empty when it does). Reads the marker and
+    stats the files; never reads their content."""
+    marker = read_marker(cache_dir, repo_id)
+    if not marker:
+        return ["no marker"]
+    if marker.get("revision") != revision:
+        return [f"the marker is for revision {marker.get('revision')}"]
+    if manifest_sha256 and marker.get("manifest_sha256") != manifest_sha256:
+        return ["the manifest changed"]
+    if selection is not None and marker.get("selection") != selection:
+        return ["the file selection changed"]
+    snapshot = snapshot_dir(cache_dir, repo_id, revision)
+    return [why for why in (stat_drift(snapshot, item) for item in marker.get("files", [])) if why]
+
+
 def marker_valid(cache_dir: str, repo_id: str, revision: str, manifest_sha256: str | None = None,
                  selection: dict[str, Any] | None = None) -> bool:
-    """The cheap check: the marker names this revision (and manifest, and file selection), and every file has
-    its recorded size. Reads the marker and stats files; never reads their content."""
-    marker = read_marker(cache_dir, repo_id)
-    if not marker or marker.get("revision") != revision:
-        return False
-    if manifest_sha256 and marker.get("manifest_sha256") != manifest_sha256:
-        return False
-    if selection is not None and marker.get("selection") != selection:
-        return False
-    snapshot = snapshot_dir(cache_dir, repo_id, revision)
-    for item in marker.get("files", []):
-        path = os.path.join(snapshot, item["path"])
-        if not os.path.isfile(path) or os.path.getsize(path) != item["size"]:
-            return False
-    return True
+    """The cheap check: the marker names this revision (and manifest, and file selection), and every file is
+    the one that was verified: same size, mtime, ctime, inode and device (a marker written before these were
+    recorded proves sizes only, so it is not valid: the files are hashed once more and it is rewritten). Reads
+    the marker and stats files; never reads their content."""
+    return not marker_drift(cache_dir, repo_id, revision, manifest_sha256, selection)
 
 
 def write_marker(cache_dir: str, repo_id: str, revision: str, entries: list[Entry], source: str,
                  selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record the verified checkout, with what stat() proves of each file (after every file's checksum matched)."""
+    snapshot = snapshot_dir(cache_dir, repo_id, revision)
     marker = {
         "repo_id": repo_id,
         "revision": revision,
@@ -303,7 +337,8 @@ def write_marker(cache_dir: str, repo_id: str, revision: str, entries: list[Entr
         "total_bytes": total_bytes(entries),
         "source": source,
         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": [asdict(e) for e in sorted(entries, key=lambda e: e.path)],
+        "files": [dict(asdict(e), stat=stat_record(os.path.join(snapshot, e.path)))
+                  for e in sorted(entries, key=lambda e: e.path)],
     }
     atomic_write(os.path.join(repo_dir(cache_dir, repo_id), MARKER), json.dumps(marker, indent=1) + "\n")
     return marker

@@ -8,10 +8,11 @@ that no longer loads, a client with the wrong key) and look at what sparkfleet r
 import json
 import os
 import re
+import subprocess
 import time
 
 import pytest
-from conftest import ROOT, lab_hosts, on_node, output, run_playbook, wait_until
+from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -41,6 +42,29 @@ def wait_for(lab, predicate, what, stall=180):
 def api_key(lab):
     with open(os.path.join(lab["extravars"]["lab_state_dir"], "api_key"), encoding="utf-8") as handle:
         return handle.read().strip()
+
+
+# A one-token completion through the head, sent from the head itself (the key on stdin, never in argv).
+COMPLETE = """
+import json, sys, urllib.request
+key, url = sys.stdin.read().split()
+body = json.dumps({"model": "tiny-cpu", "prompt": "hello", "max_tokens": 1, "temperature": 0}).encode()
+request = urllib.request.Request(url + "/v1/completions", body, {"Authorization": "Bearer " + key,
+                                                                   "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=30) as response:
+        print(len(json.load(response)["choices"]))
+except Exception as err:
+    print("no:", err)
+"""
+
+
+def serves(lab):
+    """Whether the group answers a completion through the head (True) or not (False)."""
+    url = f"http://{lab_hosts(lab)['node0']['ansible_host']}:8888"
+    result = subprocess.run(["docker", "exec", "-i", container(lab, "node0"), "python3", "-c", COMPLETE],
+                            input=f"{api_key(lab)} {url}", capture_output=True, text=True, check=False, timeout=60)
+    return result.stdout.strip() == "1"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +155,53 @@ def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab):
         assert len(starts) == 1 and unit(lab, node)["NRestarts"] == "0", (node, starts, unit(lab, node))
 
 
+def test_a_restarted_worker_node_heals_the_group_and_the_next_converge_restarts_nothing(served, lab, tmp_path):
+    """The worker's whole node restarts (its container, as a reboot would): the head's engine loses its peer and
+    exits, systemd starts both ranks again, the group forms by itself - no Ansible. The serve stage run after it
+    finds a serving group and restarts nothing, however many restarts the group took to heal."""
+    assert serves(lab)
+    started = time.monotonic()
+    subprocess.run(["docker", "restart", "--time", "30", container(lab, "node1")], check=True, capture_output=True,
+                   timeout=120)
+    wait_for(lab, lambda: unit(lab, "node1").get("ActiveState") == "active", "the worker's rank after its boot")
+    wait_for(lab, lambda: serves(lab), "the group to serve again by itself", stall=240)
+    print(f"\nworker node restart -> serving again without Ansible: {time.monotonic() - started:.0f} s")
+    pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
+    runner = run_playbook(tmp_path / "serve", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve")
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert sum(runner.stats.get("changed", {}).values()) == 0, text[-4000:]
+    assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == pids
+    assert serves(lab)
+
+
+def test_a_shard_changed_in_place_is_found_repaired_and_the_group_restarts_on_it(served, lab, tmp_path):
+    """1 KiB overwritten in the middle of the weights on the worker, size unchanged (as a bad disk or a stray dd
+    would): the next converge finds the file is not the one verified without hashing everything, pulls it again,
+    restarts the group (it held the broken bytes in memory) and verifies it."""
+    repo = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu"
+    revision = json.loads(on_node(lab, "node1", "cat", f"{repo}/.sparkfleet-verified.json").stdout)["revision"]
+    largest = on_node(lab, "node1", "sh", "-c", f"for f in {repo}/snapshots/{revision}/*.safetensors; "
+                      "do stat -Lc '%s %n' \"$f\"; done | sort -n | tail -n 1").stdout.split()[1]
+    blob = on_node(lab, "node1", "readlink", "-f", largest).stdout.strip()
+    size = int(on_node(lab, "node1", "stat", "-c", "%s", blob).stdout)
+    on_node(lab, "node1", "dd", "if=/dev/urandom", f"of={blob}", "bs=1024", "count=1", f"seek={size // 2048}",
+            "conv=notrunc", "status=none")
+    assert int(on_node(lab, "node1", "stat", "-c", "%s", blob).stdout) == size
+    assert on_node(lab, "node1", "sha256sum", blob).stdout.split()[0] != os.path.basename(blob)
+    pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
+    started = time.monotonic()
+    runner = run_playbook(tmp_path / "repair", SITE, inventory=lab["inventory"],
+                          cmdline="--tags preflight,weights,serve,verify")
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    print(f"\ncorrupted shard -> repaired, restarted and verified by one converge: {time.monotonic() - started:.0f} s")
+    assert on_node(lab, "node1", "sha256sum", blob).stdout.split()[0] == os.path.basename(blob)
+    assert all(unit(lab, node)["MainPID"] != pids[node] for node in pids), (pids, text[-3000:])
+    assert "verified: tiny-cpu" in text
+    assert runner.stats["changed"].get("node1", 0) > 0
+
+
 def test_check_mode_verifies_the_running_service_and_reports_no_drift(served, lab, tmp_path):
     """Every stage, in check mode, on the serving lab: nothing would change, and the one cluster plan is made once
     (the profile loaded once, the capacity planned once) and read by every stage."""
@@ -156,6 +227,7 @@ def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):
 def test_a_killed_engine_is_reported_and_systemd_restarts_the_head(served, lab, tmp_path):
     engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
     assert engine, "no EngineCore process on the head"
+    restarts = int(unit(lab, "node0").get("NRestarts", 0))
     on_node(lab, "node0", "kill", "-KILL", *engine)
     runner = run_playbook(tmp_path / "verify", VERIFY, inventory=lab["inventory"],
                           extravars={"verify_wait_timeout": 20})
@@ -164,7 +236,7 @@ def test_a_killed_engine_is_reported_and_systemd_restarts_the_head(served, lab, 
     assert re.search(r"503|engine (is )?dead|refus", text), text[-3000:]
     # systemd restarts the head by itself (bounded). The group is left so: the next test's serve run restarts every
     # rank together, and its last run brings the group back and verifies it (one converge and one boot fewer).
-    wait_for(lab, lambda: int(unit(lab, "node0").get("NRestarts", 0)) >= 1, "the head's automatic restart")
+    wait_for(lab, lambda: int(unit(lab, "node0").get("NRestarts", 0)) > restarts, "the head's automatic restart")
     assert unit(lab, "node0")["ActiveState"] in ("active", "activating")
 
 

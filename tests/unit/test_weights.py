@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -396,8 +397,13 @@ def test_write_marker_then_read_it(tmp_path):
     assert marker["manifest_sha256"] == w.manifest_hash(entries)
     assert marker["total_bytes"] == sum(len(d) for d in FILES.values())
     assert [f["path"] for f in marker["files"]] == sorted(FILES)
-    assert marker["files"][0] == {"path": "config.json", "size": len(FILES["config.json"]),
-                                  "sha256": sha256(FILES["config.json"]), "git_sha1": None}
+    first = dict(marker["files"][0])
+    recorded = first.pop("stat")
+    assert first == {"path": "config.json", "size": len(FILES["config.json"]),
+                     "sha256": sha256(FILES["config.json"]), "git_sha1": None}
+    blob = os.stat(cache / "models--org--name" / "snapshots" / REV / "config.json")  # the blob behind the link
+    assert recorded == {"size": blob.st_size, "mtime_ns": blob.st_mtime_ns, "ctime_ns": blob.st_ctime_ns,
+                        "inode": blob.st_ino, "device": blob.st_dev}
     assert marker["verified_at"].endswith("Z")
     assert not [n for n in os.listdir(path.parent) if n.endswith(".tmp")]
 
@@ -449,14 +455,50 @@ def test_marker_invalid_when_a_file_changes_size(tmp_path):
     assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is False
 
 
-def test_marker_valid_only_stats_the_files(tmp_path):
-    # The documented fast path: same size, other bytes, and the marker still says verified.
+def overwrite_in_place(path, offset, data):
+    """As dd conv=notrunc does: the same file, the same size, other bytes in the middle."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+
+
+def test_an_in_place_change_of_the_same_size_voids_the_marker(tmp_path):
     cache, entries, _marker = make_verified(tmp_path)
     blob = cache / "models--org--name" / "blobs" / sha256(FILES["model.safetensors"])
-    blob.write_bytes(b"\xff" * len(FILES["model.safetensors"]))
-    assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is True
-    link = cache / "models--org--name" / "snapshots" / REV / "model.safetensors"
-    assert w.verify_entry(str(link), entries[1]) is not None  # a full check would have caught it
+    time.sleep(0.01)  # a coarse clock would give the write the verification's own timestamp
+    overwrite_in_place(blob, 2, b"\xff\xff")
+    assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is False
+    drift = w.marker_drift(str(cache), REPO, REV, w.manifest_hash(entries))
+    assert len(drift) == 1 and drift[0].startswith("model.safetensors: ") and "mtime_ns" in drift[0], drift
+
+
+def test_putting_the_mtime_back_does_not_hide_a_change(tmp_path):
+    cache, entries, _marker = make_verified(tmp_path)
+    blob = cache / "models--org--name" / "blobs" / sha256(FILES["model.safetensors"])
+    before = os.stat(blob)
+    time.sleep(0.01)
+    overwrite_in_place(blob, 0, b"\x00")
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))  # touch -r, as someone covering it up would
+    drift = w.marker_drift(str(cache), REPO, REV, w.manifest_hash(entries))
+    assert drift and "ctime_ns" in drift[0] and "mtime_ns" not in drift[0], drift
+
+
+def test_a_file_replaced_by_another_of_the_same_size_voids_the_marker(tmp_path):
+    cache, _entries, _marker = make_verified(tmp_path)
+    blob = cache / "models--org--name" / "blobs" / sha256(FILES["model.safetensors"])
+    other = blob.with_name("replacement")
+    other.write_bytes(blob.read_bytes())
+    os.replace(other, blob)
+    assert "inode" in w.marker_drift(str(cache), REPO, REV)[0]
+
+
+def test_a_marker_that_recorded_sizes_only_proves_nothing_more(tmp_path):
+    # A marker from before the stat record: the files are hashed once more, then it is rewritten.
+    cache, entries, marker = make_verified(tmp_path)
+    for item in marker["files"]:
+        del item["stat"]
+    (cache / "models--org--name" / w.MARKER).write_text(json.dumps(marker))
+    assert w.marker_valid(str(cache), REPO, REV, w.manifest_hash(entries)) is False
 
 
 def test_marker_valid_does_not_open_the_weights(tmp_path, monkeypatch):
