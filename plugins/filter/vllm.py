@@ -56,6 +56,26 @@ def docker_ranks(hosts: list[str], hostvars: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def group_members(hosts: list[str], hostvars: Mapping[str, Any], port: int) -> list[dict[str, Any]]:
+    """The group supervisor's members in rank order: host, the address its agent answers on (the rendezvous
+    address, sparkfleet_fabric_address, which every topology makes reachable from every rank) and the port."""
+    members = []
+    for host in hosts:
+        values = hostvars[host]
+        rank = int(values.get("sparkfleet_node_rank", -1))
+        address = values.get("sparkfleet_fabric_address")
+        if rank < 0 or not address:
+            raise AnsibleFilterError(f"{host}: sparkfleet_node_rank or sparkfleet_fabric_address is missing; "
+                                     "expected both for every rank; fix: set them in the inventory")
+        members.append({"rank": rank, "host": str(host), "address": str(address), "port": int(port)})
+    members.sort(key=lambda member: member["rank"])
+    if [m["rank"] for m in members] != list(range(len(members))):
+        raise AnsibleFilterError(f"found ranks {[m['rank'] for m in members]}; expected 0..{len(members) - 1}; "
+                                 "fix: number the nodes' sparkfleet_node_rank from 0")
+    return members
+
+
 class FilterModule:
     def filters(self):
-        return {"vllm_cli_args": vllm_cli_args, "rank_runtime": rank_runtime, "docker_ranks": docker_ranks}
+        return {"vllm_cli_args": vllm_cli_args, "rank_runtime": rank_runtime, "docker_ranks": docker_ranks,
+                "group_members": group_members}

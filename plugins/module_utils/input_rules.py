@@ -268,6 +268,10 @@ RULES: Mapping[str, Rule] = {
     "vllm_service_start_limit_burst": between(1, 100, "starts"),
     "vllm_service_start_limit_interval": SECONDS,
     "vllm_service_restart_delay": at_least(0, "seconds"),
+    "vllm_service_group_port": PORT,
+    "vllm_service_group_grace": SECONDS,
+    "vllm_service_group_form_timeout": SECONDS,
+    "vllm_service_ready_timeout": SECONDS,
     "vllm_service_memory_wait_timeout": SECONDS,
 }
 

@@ -277,7 +277,8 @@ def read_marker(cache_dir: str, repo_id: str) -> dict[str, Any] | None:
 
 # What stat() proves about a file without reading it: an in-place write moves mtime and ctime (and resetting mtime
 # with touch moves ctime), a replaced file has another inode. Compared by the fast path instead of re-hashing.
-STAT_KEYS = ("size", "mtime_ns", "ctime_ns", "inode", "device")
+# The device number is recorded but not compared: a remount or a reboot may renumber it with the file unchanged.
+STAT_KEYS = ("size", "mtime_ns", "ctime_ns", "inode")
 
 
 def stat_record(path: str) -> dict[str, int]:

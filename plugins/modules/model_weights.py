@@ -14,7 +14,7 @@ description:
     offline (C(models--org--name/blobs), C(snapshots/<revision>), C(refs/main)), verifies every file, and
     records the verified state in C(.sparkfleet-verified.json) beside it.
   - When that marker already names the pinned revision and file selection and every file is the one verified
-    (the same size, mtime, ctime, inode and device as recorded), the module returns at once, without network
+    (the same size, mtime, ctime and inode as recorded), the module returns at once, without network
     I/O and without hashing; any difference (an in-place write, a replaced file) re-verifies every file.
   - O(source=huggingface) downloads with huggingface_hub (resumable) and checks each file against the Hub's
     LFS sha256 (or the repo's C(SHA256SUMS), or the git blob id of small files). A mismatch deletes only that

@@ -91,10 +91,19 @@ def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(
     assert "Requires=docker.service" in unit
     assert "ExecStop=/usr/bin/docker stop -t 120 sparkfleet-vllm" in unit
     assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
-    assert "StartLimitBurst=3" in unit and "Restart=always" in unit
+    # The group's starts are bounded by the supervisor (3); systemd's limit only catches a crashing supervisor.
+    assert "StartLimitBurst=5" in unit and "Restart=always" in unit and "RestartPreventExitStatus=75" in unit
     assert "OnFailure=sparkfleet-vllm-gave-up.service" in unit
     assert "RestartMode=direct" in unit  # systemd 255 (DGX OS) would otherwise fire OnFailure at every retry
     assert "User=" not in unit  # docker ranks run the docker client as root
-    gate = next(line for line in unit.splitlines() if "memory-gate" in line)
+    assert "ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet-group run --config " \
+        "/etc/sparkfleet/group.json -- /usr/local/libexec/sparkfleet/vllm-launch" in unit
+    group = json.loads(rendered("spark-b", "group.json"))
+    # Before every engine start, the group's own restarts included: a leftover container goes, then the gate.
+    assert group["pre"][0] == {"argv": ["/usr/bin/docker", "rm", "-f", "sparkfleet-vllm"], "check": False}
+    gate = group["pre"][1]["argv"]
+    assert gate[0].endswith("memory-gate") and group["pre"][1]["check"] is True
     # Weights + runtime + the 9.06e9 pin + the 3 GiB floor of the TP2 profile must be free before a start.
-    assert f"--min-available-bytes {101468602368 + 6442450944 + 9060000000 + 3221225472}" in gate
+    assert gate[gate.index("--min-available-bytes") + 1] == str(101468602368 + 6442450944 + 9060000000 + 3221225472)
+    assert group["rank"] == 1 and group["burst"] == 3 and group["health_url"] == "http://192.168.1.101:8888/health"
+    assert [(m["rank"], m["address"]) for m in group["members"]] == [(0, "192.168.100.10"), (1, "192.168.100.11")]

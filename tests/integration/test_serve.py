@@ -102,6 +102,22 @@ def test_both_ranks_run_as_one_engine(served, lab):
     assert "Launching vLLM" in on_node(lab, "node1", "cat", f"{LOGS}/current.log").stdout
 
 
+def test_each_node_tells_its_peers_what_its_rank_does(served, lab):
+    """The group agents, asked across the fabric as the supervisors ask them (through the firewall, the agent
+    running as nobody): the head serves an epoch, the worker runs in the same one."""
+    answers = {}
+    for asker, node in (("node1", "node0"), ("node0", "node1")):
+        address = lab_hosts(lab)[node]["sparkfleet_fabric_address"]
+        text = on_node(lab, asker, "python3", "-c", "import sys, urllib.request; print(urllib.request.build_opener("
+                       "urllib.request.ProxyHandler({})).open(sys.argv[1], timeout=5).read().decode())",
+                       f"http://{address}:29530/state").stdout
+        answers[node] = json.loads(text)
+    assert answers["node0"]["phase"] == "ready" and answers["node1"]["phase"] == "running", answers
+    assert answers["node0"]["epoch"] == answers["node1"]["epoch"] and answers["node0"]["rank"] == 0
+    assert on_node(lab, "node0", "systemctl", "show", "-p", "User", "--value",
+                   "sparkfleet-vllm-group.service").stdout.strip() == "nobody"
+
+
 def test_the_api_key_stays_in_a_0600_file(served, lab):
     key = api_key(lab)
     assert key not in served
@@ -224,26 +240,52 @@ def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):
     assert "not-the-key" not in text and api_key(lab) not in text
 
 
-def test_a_killed_engine_is_reported_and_systemd_restarts_the_head(served, lab, tmp_path):
+def group_state(lab, node):
+    """What the node's group agent answers (the supervisor's state file, as the agent reads it)."""
+    text = on_node(lab, node, "cat", "/var/lib/sparkfleet/group/state.json", check=False).stdout
+    return json.loads(text) if text.strip() else {}
+
+
+def group_history(lab):
+    text = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/group/history.json", check=False).stdout
+    return json.loads(text) if text.strip() else []
+
+
+def engine_pids(lab, node):
+    return set(on_node(lab, node, "pgrep", "-f", "vllm serve", check=False).stdout.split())
+
+
+def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, lab, tmp_path):
+    """SIGKILL of the head's EngineCore: the head's supervisor ends the group's epoch and opens the next; the worker
+    leaves the old epoch (its engine could never rejoin) and starts again in the new one; the group serves and
+    verifies again, and no Ansible ran in between."""
+    before = group_state(lab, "node0")
+    assert before.get("phase") == "ready", before
+    worker_engines = engine_pids(lab, "node1")
     engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
-    assert engine, "no EngineCore process on the head"
-    restarts = int(unit(lab, "node0").get("NRestarts", 0))
+    assert engine and worker_engines, "no EngineCore on the head or no engine on the worker"
+    started = time.monotonic()
     on_node(lab, "node0", "kill", "-KILL", *engine)
-    runner = run_playbook(tmp_path / "verify", VERIFY, inventory=lab["inventory"],
-                          extravars={"verify_wait_timeout": 20})
-    text = output(runner)
-    assert runner.status == "failed"
-    assert re.search(r"503|engine (is )?dead|refus", text), text[-3000:]
-    # systemd restarts the head by itself (bounded). The group is left so: the next test's serve run restarts every
-    # rank together, and its last run brings the group back and verifies it (one converge and one boot fewer).
-    wait_for(lab, lambda: int(unit(lab, "node0").get("NRestarts", 0)) > restarts, "the head's automatic restart")
-    assert unit(lab, "node0")["ActiveState"] in ("active", "activating")
+    wait_for(lab, lambda: group_state(lab, "node0").get("epoch") != before["epoch"], "a new group epoch", stall=120)
+    wait_for(lab, lambda: group_state(lab, "node0").get("phase") == "ready" and serves(lab),
+             "the group to serve again by itself", stall=240)
+    print(f"\nhead EngineCore SIGKILL -> serving again without Ansible: {time.monotonic() - started:.0f} s")
+    now = group_state(lab, "node0")["epoch"]
+    assert group_state(lab, "node1").get("epoch") == now and group_state(lab, "node1")["phase"] == "running"
+    assert not engine_pids(lab, "node1") & worker_engines  # the worker's engine was started again, in the epoch
+    ended = next(e for e in group_history(lab) if e["epoch"] == before["epoch"])
+    assert ended["rank"] == 0 and "the engine exited" in ended["why"], ended
+    assert unit(lab, "node0")["ActiveState"] == "active" and unit(lab, "node0")["NRestarts"] == "0"
+    runner = run_playbook(tmp_path / "verify", VERIFY, inventory=lab["inventory"])
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert "verified: tiny-cpu" in output(runner)
 
 
 def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
-    """From whatever state the group is in (the test before leaves a head restarted alone), a checkpoint that no
-    longer loads: the head gives up after its start limit and says why; the serve stage run again reports it,
-    starts every rank again and verifies."""
+    """A checkpoint that no longer loads on the head, and a start limit of 2 (a changed setting, so the serve
+    stage restarts the group): the group starts twice, then every rank stays stopped, and the head's marker says
+    which rank failed first and why; the serve stage run again reports it, starts every rank again and
+    verifies."""
     repo = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu"
     revision = json.loads(on_node(lab, "node0", "cat", f"{repo}/.sparkfleet-verified.json").stdout)["revision"]
     snapshot = f"{repo}/snapshots/{revision}"
@@ -254,22 +296,25 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
         assert runner.status == "successful", output(runner)[-4000:]  # the units start; the engine cannot
 
         def gave_up():
-            state = unit(lab, "node0")
-            # an unbounded loop keeps the unit moving: it fails here, at once, instead of waiting for no progress
-            assert int(state.get("NRestarts", 0)) <= 2, f"the head restarted {state['NRestarts']} times: the start " \
-                "limit of 2 starts did not stop it"
-            return state["ActiveState"] == "failed"
+            # an unbounded loop keeps the group moving: it fails here, at once, instead of waiting for no progress
+            starts = len(group_history(lab))
+            assert starts <= 2, f"the group started {starts} times: the start limit of 2 starts did not stop it"
+            return unit(lab, "node0")["ActiveState"] == "failed" and unit(lab, "node1")["ActiveState"] == "failed"
 
-        wait_for(lab, gave_up, "the head to stop restarting")
-        assert int(unit(lab, "node0")["NRestarts"]) >= 1  # it did restart by itself before giving up
+        wait_for(lab, gave_up, "every rank to stop restarting")
+        assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
+        assert group_state(lab, "node0")["phase"] == group_state(lab, "node1")["phase"] == "gave-up"
         wait_for(lab, lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
                                       check=False).returncode == 0, "the give-up marker", stall=60)
         marker = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
         assert "hit the start limit of 2 starts" in marker
+        assert "the first failure: rank 0 (node0): the engine exited" in marker
         assert "fix: read the log; then run the serve stage again" in marker
+        assert "the head gave up" in on_node(lab, "node1", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
         assert "config.json" in marker  # the log's tail names what the engine could not load
         time.sleep(5)
         assert unit(lab, "node0")["ActiveState"] == "failed"  # it stays failed: no loop
+        assert len(group_history(lab)) == 2
     finally:
         on_node(lab, "node0", "mv", f"{snapshot}/config.json.away", f"{snapshot}/config.json", check=False)
     # The serve stage again, as the marker says (with the preflight before it and the verification after it, as

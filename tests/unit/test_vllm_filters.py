@@ -1,10 +1,17 @@
 """vLLM's command line from profile data, and the kernel's Xid lines."""
 
+import re
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sparkfleet.cluster.plugins.filter.kernel import xid_errors
-from ansible_collections.sparkfleet.cluster.plugins.filter.vllm import docker_ranks, rank_runtime, vllm_cli_args
+from ansible_collections.sparkfleet.cluster.plugins.filter.vllm import (
+    docker_ranks,
+    group_members,
+    rank_runtime,
+    vllm_cli_args,
+)
 
 
 def test_flags_of_every_kind_render_in_a_stable_order():
@@ -65,3 +72,20 @@ def test_the_image_goes_to_the_docker_ranks_only():
                 "c": {"sparkfleet_node": CPU, "vllm_service_runtime": "docker"},
                 "d": {"sparkfleet_node": GPU, "vllm_service_runtime": "native"}}
     assert docker_ranks(["a", "b", "c", "d"], hostvars) == ["a", "c"]
+
+
+def test_the_group_members_come_in_rank_order_with_their_rendezvous_address():
+    hostvars = {"b": {"sparkfleet_node_rank": 1, "sparkfleet_fabric_address": "10.0.0.2"},
+                "a": {"sparkfleet_node_rank": "0", "sparkfleet_fabric_address": "10.0.0.1"}}
+    assert group_members(["b", "a"], hostvars, "29530") == [
+        {"rank": 0, "host": "a", "address": "10.0.0.1", "port": 29530},
+        {"rank": 1, "host": "b", "address": "10.0.0.2", "port": 29530}]
+
+
+@pytest.mark.parametrize("hostvars,found", [
+    ({"a": {"sparkfleet_node_rank": 0}}, "a: sparkfleet_node_rank or sparkfleet_fabric_address is missing"),
+    ({"a": {"sparkfleet_node_rank": 1, "sparkfleet_fabric_address": "10.0.0.1"}}, "found ranks [1]; expected 0..0"),
+])
+def test_group_members_refuse_what_the_supervisor_could_not_use(hostvars, found):
+    with pytest.raises(AnsibleFilterError, match=re.escape(found)):
+        group_members(list(hostvars), hostvars, 29530)
