@@ -120,7 +120,7 @@ def test_service_ports_answer_the_cluster_only(fabric_lab):
     outside = subprocess.run(["python3", "-c", from_here], capture_output=True, text=True, timeout=30, check=False)
     assert outside.returncode != 0 and "timed out" in outside.stderr
     table = on_node(fabric_lab, "node1", "nft", "list", "table", "inet", "sparkfleet").stdout
-    assert f"tcp dport {{ 873, {port}, 29531 }} ip saddr != @cluster_sources counter" in table
+    assert f"tcp dport {{ 873, {port}, 29530, 29531 }} ip saddr != @cluster_sources counter" in table
     assert cluster["sparkfleet_api_allowed_sources"][0] in table
 
 
