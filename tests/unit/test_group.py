@@ -66,7 +66,7 @@ class Group:
 
     def __init__(self, base, size=2, **timing):
         self.base = base
-        self.ports = [free_port() for _ in range(size)]
+        self.ports = [free_port() for _rank in range(size)]
         self.health = free_port()
         (base / "engine.py").write_text(ENGINE)
         members = [{"host": f"node{r}", "address": "127.0.0.1", "port": port} for r, port in enumerate(self.ports)]
