@@ -121,6 +121,11 @@ class Group:
                 return head["epoch"]
         return None
 
+    def whole_after(self, epoch):
+        """The epoch when the group is whole again in one later than `epoch`, else None."""
+        now = self.whole()
+        return now if now and now > epoch else None
+
     def history(self):
         return json.loads((self.dirs[0] / "group-history.json").read_text())
 
@@ -172,7 +177,7 @@ def test_a_killed_head_engine_restarts_the_whole_group_in_a_new_epoch(group):
     first = wait(g.whole, "the group to form")
     worker_engine = g.engine(1)["pid"]
     os.kill(g.engine(0)["pid"], signal.SIGKILL)
-    second = wait(lambda: (g.whole() or 0) > first and g.whole(), "the group in a new epoch")
+    second = wait(lambda: g.whole_after(first), "the group in a new epoch")
     assert g.engine(1)["pid"] != worker_engine  # the worker's engine was started again, not left behind
     ended = g.history()[0]
     assert ended["epoch"] == first and ended["rank"] == 0 and "the engine exited with status -9" in ended["why"]
@@ -185,7 +190,7 @@ def test_a_worker_that_dies_ends_the_epoch_and_the_group_forms_again(group):
     first = wait(g.whole, "the group to form")
     head_engine = g.engine(0)["pid"]
     os.kill(g.engine(1)["pid"], signal.SIGKILL)
-    wait(lambda: (g.whole() or 0) > first, "the group in a new epoch")
+    wait(lambda: g.whole_after(first), "the group in a new epoch")
     assert g.engine(0)["pid"] != head_engine
     assert g.history()[0]["rank"] == 1 and "left epoch" in g.history()[0]["why"]
 
@@ -202,7 +207,7 @@ def test_a_whole_worker_node_going_away_and_back_rejoins(group):
     wait(lambda: g.state(0).get("phase") == "forming", "the head to end the epoch and form a new one")
     g.agents[1] = g.start("agent", 1)  # the node boots again
     g.run(1)
-    assert wait(lambda: (g.whole() or 0) > first and g.whole(), "the group whole again") > first
+    assert wait(lambda: g.whole_after(first), "the group whole again") > first
     assert "its agent does not answer" in g.history()[0]["why"]
 
 
@@ -253,4 +258,4 @@ def test_a_worker_never_joins_a_group_that_already_serves(group):
     g.run(1)
     wait(lambda: g.state(1).get("phase") == "waiting", "the new worker to wait")
     assert g.state(0)["epoch"] == first and g.state(1).get("epoch") is None
-    assert wait(lambda: (g.whole() or 0) > first and g.whole(), "a new epoch with the worker in it") > first
+    assert wait(lambda: g.whole_after(first), "a new epoch with the worker in it") > first
