@@ -154,6 +154,10 @@ AUTO_TRUE_FALSE = Rule("auto (in lower case), or true or false", _auto_or_bool)
 API_KEY = matching(r"[!-~]{1,4096}", "printable ASCII characters without spaces or line breaks "
                                      "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
 
+# What a timer's OnCalendar= takes (systemd.time(7)): weekly, Sun *-*-* 03:00, ...; one line; empty for none.
+SCRUB_SCHEDULE = matching(r"([A-Za-z0-9*:,./~+ -]{1,200})?", "a systemd OnCalendar expression such as weekly or "
+                                                            "\"Sun *-*-* 03:00\", or empty for no timer")
+
 
 def _clock_range(value: Any, _context: Context) -> bool:
     return value == [] or (isinstance(value, list) and len(value) == 2 and all(_number(v) and v > 0 for v in value)
@@ -273,6 +277,10 @@ RULES: Mapping[str, Rule] = {
     "vllm_service_group_form_timeout": SECONDS,
     "vllm_service_ready_timeout": SECONDS,
     "vllm_service_memory_wait_timeout": SECONDS,
+    "vllm_service_verify_timeout": SECONDS,
+    "vllm_service_known_answer_tolerance": at_least(0, "nats"),
+    "vllm_service_textfile_dir": ABSOLUTE_PATH,
+    "vllm_service_scrub_schedule": SCRUB_SCHEDULE,
 }
 
 

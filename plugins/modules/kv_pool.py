@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: kv_pool
-short_description: Verify a booted vLLM head - health, KV pool size, max_model_len and a one-token canary
+short_description: Verify a booted vLLM head - health, KV pool size, max_model_len, canary and known answer
 description:
   - Waits until C(/health) on O(url) answers 200 (at most O(wait_timeout) seconds). A C(503) from a server whose
     engine had started means the engine is dead (EngineDeadError) and fails at once.
@@ -58,6 +58,34 @@ options:
     description: Send a one-token completion through the head after the checks.
     type: bool
     default: true
+  known_answer:
+    description:
+      - Also send the known-answer canary - greedy completions of fixed prompts with their log-probabilities - and
+        hold them to the answer recorded for O(known_answer.identity).
+      - With no record for that identity yet, the answer is recorded (never in check mode, never when it is empty
+        or has a non-finite log-probability); with one, the tokens must be the same and each log-probability
+        within O(known_answer.logprob_tolerance), or the module fails saying which prompt and token differ.
+      - The group's per-start verification on the head uses the same record, so a converge and a start agree.
+    type: dict
+    suboptions:
+      path:
+        description: The directory the records are kept in, one file per identity.
+        type: path
+        required: true
+      identity:
+        description:
+          - What the answer depends on, for example the weights revision, the image fingerprint and the profile
+            with its arguments. Another identity gets a record of its own.
+        type: dict
+        required: true
+      logprob_tolerance:
+        description: The largest difference of one token's log-probability from the record, in nats.
+        type: float
+        default: 0.1
+      record:
+        description: Record the answer when the identity has no record yet.
+        type: bool
+        default: true
 attributes:
   check_mode:
     description: Runs in check mode (C(--check)), reporting what it would change without changing it.
@@ -85,6 +113,17 @@ EXAMPLES = r"""
     url: http://127.0.0.1:8888
     min_tokens: 1000000
     canary: false
+
+- name: Hold the answer to the one recorded for these weights, image and profile
+  sparkfleet.cluster.kv_pool:
+    url: http://127.0.0.1:8888
+    expected_tokens: 2049230
+    known_answer:
+      path: /var/lib/sparkfleet/verify
+      identity:
+        revision: 0123456789abcdef0123456789abcdef01234567
+        image: sha256:6d1f
+        profile: glm-5.3-flash-nvfp4-tp2
 """
 
 RETURN = r"""
@@ -148,6 +187,21 @@ log_path:
   returned: success
   type: str
   sample: /var/log/sparkfleet/vllm-head-20251130T120001-3f2a.log
+known_answer:
+  description: C(recorded) (this run wrote the record), C(matched), or C(unrecorded) (no record and none written).
+  returned: when O(known_answer) is set and the checks passed
+  type: str
+  sample: matched
+known_answer_record:
+  description: The record file the answer was held to or written to.
+  returned: when O(known_answer) is set and the checks passed
+  type: str
+  sample: /var/lib/sparkfleet/verify/known-answer-3f2a9c0d1e2b4a5c.json
+known_answer_latency_s:
+  description: Latency of the known-answer completions in seconds.
+  returned: when O(known_answer) is set and the checks passed
+  type: float
+  sample: 1.82
 log_stale:
   description: True when the log at O(log_path) was older than the server's start and was therefore not used.
   returned: success
@@ -159,36 +213,8 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import prometheus_text as prom
-from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_api as api
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import verification
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_status as vs
-
-
-def verify(p, result, findings):
-    url = p["url"].rstrip("/")
-    result["health_wait_s"] = api.wait_for_health(url, p["wait_timeout"])
-    text = api.get_metrics(url)
-    if text is None:
-        findings.warnings.append(f"{url}/metrics not available; the pool is read from the log only")
-    else:
-        try:
-            findings.metrics = vs.parse_metrics(text)
-        except prom.MetricsParseError as err:
-            findings.warnings.append(f"{url}/metrics not parseable ({err}); the pool is read from the log only")
-        if findings.metrics is None and text is not None:
-            findings.warnings.append(f"no vllm:cache_config_info on {url}/metrics")
-    vs.examine_log(findings, p["log_path"])
-    model, findings.max_model_len = api.get_models(url, p["api_key"])
-    result.update(max_model_len=findings.max_model_len, served_model=model, log_stale=findings.log_stale)
-    verdict = vs.reconcile(findings)
-    result.update(vs.summary(verdict, findings))
-    if p["canary"]:
-        result["canary_latency_s"] = api.canary(url, p["api_key"], model)
-        result["canary_ok"] = True
-    vs.judge(verdict.kv_cache_tokens, verdict.source, expected_tokens=p["expected_tokens"],
-             tolerance=p["tolerance"], min_tokens=p["min_tokens"], max_model_len=findings.max_model_len,
-             expected_max_model_len=p["max_model_len"])
-    return result
 
 
 def main():
@@ -204,6 +230,12 @@ def main():
             max_model_len=dict(type="int"),
             wait_timeout=dict(type="int", default=900),
             canary=dict(type="bool", default=True),
+            known_answer=dict(type="dict", options=dict(
+                path=dict(type="path", required=True),
+                identity=dict(type="dict", required=True),
+                logprob_tolerance=dict(type="float", default=0.1),
+                record=dict(type="bool", default=True),
+            )),
         ),
         supports_check_mode=True,
     )
@@ -212,6 +244,9 @@ def main():
         module.fail_json(msg="found an api_key with whitespace, a line break or non-ASCII characters (not shown); "
                              "expected printable ASCII without spaces, as an HTTP Bearer token; fix: strip the "
                              "trailing newline from the vaulted value (ansible-vault encrypt_string -n ... 'key')")
+    if p["known_answer"] is not None and p["known_answer"]["logprob_tolerance"] < 0:
+        module.fail_json(msg=f"found known_answer.logprob_tolerance {p['known_answer']['logprob_tolerance']}; "
+                             "expected a non-negative number of nats; fix: pass the tolerance per token (0.1)")
     if p["tolerance"] < 0:
         module.fail_json(msg=f"found tolerance {p['tolerance']}; expected a fraction >= 0 (0.05 is 5%); "
                              "fix: pass a relative tolerance")
@@ -219,7 +254,10 @@ def main():
                   log_stale=False)
     findings = vs.Findings()
     try:
-        verify(p, result, findings)
+        known = p["known_answer"]
+        if known is not None and module.check_mode:
+            known = dict(known, record=False)  # check mode compares with a record but never writes one
+        verification.verify(dict(p, known_answer=known), result, findings)
     except vs.KvPoolError as err:
         for warning in vs.unique(findings.warnings):
             module.warn(warning)

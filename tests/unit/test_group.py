@@ -36,6 +36,23 @@ else:
 """
 
 
+# A stand-in for sparkfleet-verify start: does what the flag file in its rank's directory says.
+VERIFY = r"""
+import json, os, sys, time
+workdir = sys.argv[1]
+with open(os.path.join(workdir, "verified-epochs"), "a") as handle:
+    handle.write(os.environ["SPARKFLEET_EPOCH"] + "\n")
+flag = open(os.path.join(workdir, "verify-flag")).read().strip() if os.path.exists(
+    os.path.join(workdir, "verify-flag")) else "ok"
+if flag == "slow-fail":
+    time.sleep(3)
+with open(os.path.join(workdir, "status.json"), "w") as handle:
+    json.dump({"ok": flag == "ok", "why": "found a wrong known answer: prompt 1 ...; expected the recorded one"},
+              handle)
+sys.exit({"ok": 0, "wrong": 3}.get(flag, 1))
+"""
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -69,6 +86,7 @@ class Group:
         self.ports = [free_port() for _rank in range(size)]
         self.health = free_port()
         (base / "engine.py").write_text(ENGINE)
+        (base / "verify.py").write_text(VERIFY)
         members = [{"host": f"node{r}", "address": "127.0.0.1", "port": port} for r, port in enumerate(self.ports)]
         self.dirs, self.configs = [], []
         for rank in range(size):
@@ -80,7 +98,10 @@ class Group:
                       "log": str(workdir / "engine.log"),
                       "health_url": f"http://127.0.0.1:{self.health}/health",
                       "poll": 0.1, "grace": 1.0, "form_timeout": 10.0, "ready_timeout": 10.0, "burst": 3,
-                      "interval": 3600.0, "stop_timeout": 5.0, "http_timeout": 1.0, **timing}
+                      "interval": 3600.0, "stop_timeout": 5.0, "http_timeout": 1.0,
+                      "verify": [sys.executable, str(base / "verify.py"), str(workdir)] if rank == 0 else None,
+                      "verify_status": str(workdir / "status.json"), "verify_timeout": 20.0,
+                      "scrub": ["/usr/bin/touch", str(workdir / "scrub-requested")], **timing}
             (workdir / "engine.log").write_text("engine log line\n")
             (workdir / "group.json").write_text(json.dumps(config))
             self.dirs.append(workdir)
@@ -259,3 +280,52 @@ def test_a_worker_never_joins_a_group_that_already_serves(group):
     wait(lambda: g.state(1).get("phase") == "waiting", "the new worker to wait")
     assert g.state(0)["epoch"] == first and g.state(1).get("epoch") is None
     assert wait(lambda: g.whole_after(first), "a new epoch with the worker in it") > first
+
+
+def test_each_start_is_verified_before_the_group_says_it_serves(group):
+    g = group()
+    g.run()
+    first = wait(g.whole, "the group to form")
+    assert (g.dirs[0] / "verified-epochs").read_text().split() == [str(first)]
+    os.kill(g.engine(1)["pid"], signal.SIGKILL)
+    second = wait(lambda: g.whole_after(first), "the group in a new epoch")
+    assert (g.dirs[0] / "verified-epochs").read_text().split() == [str(first), str(second)]
+    assert not (g.dirs[0] / "scrub-requested").exists()
+
+
+def test_a_start_that_fails_its_verification_stops_every_rank_and_scrubs_on_a_wrong_answer(group):
+    g = group()
+    (g.dirs[0] / "verify-flag").write_text("wrong")
+    g.run()
+    for proc in g.supervisors:
+        assert proc.wait(timeout=60) == 75, g.output()
+    assert len(g.history()) == 1  # a wrong answer is not retried: the next start would serve the same one
+    marker = (g.dirs[0] / "gave-up").read_text()
+    assert "failed its verification, so the group stops rather than serve it" in marker
+    assert "a wrong known answer" in marker
+    assert "the head gave up" in (g.dirs[1] / "gave-up").read_text()
+    assert g.state(0)["phase"] == "gave-up" and g.state(0)["scrub"] is True
+    # Every rank asks for a scrub of its own weights.
+    assert (g.dirs[0] / "scrub-requested").exists() and (g.dirs[1] / "scrub-requested").exists()
+
+
+def test_a_wrong_pool_stops_the_group_without_a_scrub(group):
+    g = group()
+    (g.dirs[0] / "verify-flag").write_text("pool")
+    g.run()
+    for proc in g.supervisors:
+        assert proc.wait(timeout=60) == 75, g.output()
+    assert not (g.dirs[0] / "scrub-requested").exists() and not (g.dirs[1] / "scrub-requested").exists()
+
+
+def test_a_group_that_falls_apart_while_verified_restarts_instead_of_giving_up(group):
+    g = group()
+    (g.dirs[0] / "verify-flag").write_text("slow-fail")
+    g.run()
+    wait(lambda: g.state(0).get("phase") == "verifying", "the head to verify its start")
+    first = g.state(0)["epoch"]
+    (g.dirs[0] / "verify-flag").write_text("ok")  # the next start verifies
+    os.kill(g.engine(1)["pid"], signal.SIGKILL)  # a worker dies while the verification runs (and so it fails)
+    assert wait(lambda: g.whole_after(first), "the group whole in a new epoch") > first
+    assert not (g.dirs[0] / "gave-up").exists()
+    assert "left epoch" in g.history()[0]["why"]

@@ -1,0 +1,178 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""The known-answer canary: fixed prompts, answered greedily, recorded once per (weights revision, image,
+profile), and reproduced on every later start.
+
+A one-token completion proves the engine answers; it does not prove the answer is right. Weights that were
+corrupted on disk, a kernel that reads the wrong rows or a worker that loaded another shard still answer, with
+garbage. Greedy decoding of the same prompts by the same weights, image and arguments gives the same tokens on
+every start, so the first verified start records them with their log-probabilities, and every later one must
+give the same tokens exactly and each log-probability within a stated tolerance. Empty text and non-finite
+log-probabilities (a NaN the server sends as NaN, null or a missing value) always fail, the first time too:
+nothing broken is ever recorded as the known answer.
+
+Pure Python (stdlib only): it runs in the kv_pool module on the head and in the node's per-start verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import vllm_api as api
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.vllm_status import KvPoolError
+
+# Short prompts with one obvious continuation each; what matters is that they are fixed, not what they say.
+PROMPTS = ("The capital of France is", "1, 2, 3, 4, 5,", "def add(a, b):\n    return")
+MAX_TOKENS = 8
+# Per token, in nats. Greedy decoding on the same image and hardware is deterministic up to the order of float
+# reductions, which moves a log-probability by far less than this; a wrong weight or kernel moves it by more, or
+# changes the token outright.
+LOGPROB_TOLERANCE = 0.1
+RECORD_VERSION = 1
+
+
+class KnownAnswerError(KvPoolError):
+    """A canary answer that is empty, non-finite or not the recorded one."""
+
+
+def identity_key(identity: dict[str, Any]) -> str:
+    """The record's name: a digest of what the answer depends on (weights revision, image, profile and args)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_path(directory: str, identity: dict[str, Any]) -> str:
+    return os.path.join(directory, f"known-answer-{identity_key(identity)}.json")
+
+
+def ask(url: str, api_key: str | None, model: str, prompts: tuple[str, ...] = PROMPTS,
+        max_tokens: int = MAX_TOKENS, timeout: float = 300.0,
+        clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict[str, Any]], float]:
+    """Greedy completions of the prompts with each token's log-probability; (answers, latency in s)."""
+    body = {"model": model, "prompt": list(prompts), "max_tokens": max_tokens, "temperature": 0.0, "seed": 0,
+            "logprobs": 1}
+    started = clock()
+    try:
+        response = api.request(api.join(url, "/v1/completions"), method="POST", body=body, api_key=api_key,
+                               timeout=timeout)
+    except api.Unreachable as err:
+        raise KnownAnswerError(f"the known-answer canary getting no answer ({err.reason})",
+                               f"{len(prompts)} greedy completions",
+                               "the engine may have died on the request: read the head's log") from err
+    latency = round(clock() - started, 3)
+    if response.status == 401:
+        raise api.api_key_refused(url, "/v1/completions")
+    if response.status != 200:
+        raise KnownAnswerError(f"the known-answer canary answering HTTP {response.status}: "
+                               f"{response.body[:200].decode('utf-8', 'replace')}",
+                               f"{len(prompts)} greedy completions", "read the head's log (every rank)")
+    try:
+        choices = sorted(response.json()["choices"], key=lambda c: c.get("index", 0))
+        answers = [{"prompt": prompt, "text": choice.get("text"),
+                    "tokens": list((choice.get("logprobs") or {}).get("tokens") or []),
+                    "logprobs": list((choice.get("logprobs") or {}).get("token_logprobs") or [])}
+                   for prompt, choice in zip(prompts, choices, strict=True)]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise KnownAnswerError(f"the known-answer canary answering without {len(prompts)} choices with "
+                               f"logprobs ({response.body[:200]!r})", "choices[].logprobs.tokens and "
+                               "token_logprobs", "check that the server is vLLM's OpenAI server") from err
+    return answers, latency
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_sane(answers: list[dict[str, Any]]) -> None:
+    """Refuse an answer no model should give: empty text, no tokens, or a log-probability that is not a finite
+    number (NaN, infinite, null or missing)."""
+    for number, answer in enumerate(answers, 1):
+        what = f"prompt {number} ({answer['prompt']!r})"
+        if not (answer.get("text") or "").strip() or not answer.get("tokens"):
+            raise KnownAnswerError(f"an empty answer to {what}: {answer.get('text')!r}",
+                                   "a non-empty greedy completion",
+                                   "the weights or the kernels are broken (a corrupted shard serves empty "
+                                   "text): scrub the weights (sparkfleet-verify scrub) and read the log")
+        bad = [i for i, value in enumerate(answer.get("logprobs") or []) if not finite(value)]
+        if bad or len(answer.get("logprobs") or []) != len(answer["tokens"]):
+            shown = [answer["logprobs"][i] if i < len(answer["logprobs"]) else "missing" for i in bad[:3]]
+            raise KnownAnswerError(f"non-finite log-probabilities in the answer to {what} (token(s) "
+                                   f"{bad[:3] or 'missing'}: {shown})", "a finite log-probability per token",
+                                   "the weights or the kernels produce NaN: scrub the weights and read the log")
+
+
+def compare(recorded: list[dict[str, Any]], answers: list[dict[str, Any]], tolerance: float) -> str | None:
+    """Why the answers are not the recorded ones (tokens exactly, log-probabilities within tolerance), or None."""
+    if [a["prompt"] for a in recorded] != [a["prompt"] for a in answers]:
+        return "the record holds other prompts"
+    for number, (old, new) in enumerate(zip(recorded, answers, strict=True), 1):
+        if old["tokens"] != new["tokens"]:
+            at = next((i for i, (a, b) in enumerate(zip(old["tokens"], new["tokens"], strict=False)) if a != b),
+                      min(len(old["tokens"]), len(new["tokens"])))
+            return (f"prompt {number} ({old['prompt']!r}) answered {new['text']!r}, recorded {old['text']!r} "
+                    f"(the tokens differ from token {at})")
+        worst = max((abs(a - b), i) for i, (a, b) in enumerate(zip(old["logprobs"], new["logprobs"], strict=False)))
+        if worst[0] > tolerance:
+            return (f"prompt {number} ({old['prompt']!r}): token {worst[1]}'s log-probability "
+                    f"{new['logprobs'][worst[1]]:.4f}, recorded {old['logprobs'][worst[1]]:.4f} "
+                    f"(|difference| {worst[0]:.4f} > tolerance {tolerance})")
+    return None
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise KnownAnswerError(f"an unreadable known-answer record {path} ({err})", "the record a verified start "
+                               "wrote", f"remove {path}: the next verified start records the answer again") from err
+    if not isinstance(record, dict) or record.get("version") != RECORD_VERSION or \
+            not isinstance(record.get("answers"), list):
+        raise KnownAnswerError(f"a known-answer record {path} of another format", f"version {RECORD_VERSION}",
+                               f"remove {path}: the next verified start records the answer again")
+    return record
+
+
+def write_record(path: str, identity: dict[str, Any], answers: list[dict[str, Any]], tolerance: float) -> None:
+    record = {"version": RECORD_VERSION, "identity": identity, "tolerance": tolerance,
+              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "answers": answers}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+        handle.write("\n")
+    os.replace(partial, path)
+
+
+def verify(url: str, api_key: str | None, model: str, directory: str, identity: dict[str, Any],
+           tolerance: float = LOGPROB_TOLERANCE, record: bool = True, timeout: float = 300.0) -> dict[str, Any]:
+    """Ask the canary and hold it to the record for this identity; record it when there is none (and `record`).
+
+    Returns {"known_answer": "matched" | "recorded" | "unrecorded", "known_answer_record": path,
+    "known_answer_latency_s": seconds}; raises KnownAnswerError when the answer is broken or not the recorded one.
+    """
+    path = record_path(directory, identity)
+    answers, latency = ask(url, api_key, model, timeout=timeout)
+    check_sane(answers)
+    recorded = read_record(path)
+    result = {"known_answer_record": path, "known_answer_latency_s": latency}
+    if recorded is None:
+        if record:
+            write_record(path, identity, answers, tolerance)
+        return dict(result, known_answer="recorded" if record else "unrecorded")
+    why = compare(recorded["answers"], answers, tolerance)
+    if why:
+        raise KnownAnswerError(
+            f"a wrong known answer: {why}", f"the answer recorded at {recorded.get('recorded_at', '?')} for this "
+            "weights revision, image and profile",
+            "the model now computes something else with the same inputs: a corrupted weight file or a broken "
+            "kernel. Scrub the weights (sparkfleet-verify scrub), read the log; if the change is intended, remove "
+            f"{path} and restart")
+    return dict(result, known_answer="matched")
