@@ -249,6 +249,8 @@ RULES: Mapping[str, Rule] = {
     "verify_wait_timeout": SECONDS,
     "verify_ignored_xids": each(XID),
     "verify_log_path": ABSOLUTE_PATH,
+    "verify_group_port": PORT,
+    "verify_status_file": ABSOLUTE_PATH,
     # vllm_image
     "vllm_image_vllm_version": matching(r"[0-9]+(\.[0-9]+)+([a-zA-Z0-9.+!_-]*)",
                                         "a vLLM version such as 0.33.0 or 0.33.1rc1"),
