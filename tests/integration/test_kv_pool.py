@@ -59,6 +59,7 @@ PLAYBOOK = """\
         max_model_len: "{{ kv.max_model_len | default(omit) }}"
         wait_timeout: "{{ kv.wait_timeout | default(omit) }}"
         canary: "{{ kv.canary | default(omit) }}"
+        known_answer: "{{ kv.known_answer | default(omit) }}"
 """
 
 
@@ -329,6 +330,32 @@ def test_check_mode_still_reads(boot, playbook, tmp_path):
     assert status == "successful", text[-4000:]
     assert res["source"] == "both" and res["kv_cache_tokens"] == server_pool(server)
     assert res["changed"] is False and res["canary_ok"] is False and res["canary_latency_s"] is None
+
+
+def test_the_known_answer_is_recorded_once_and_reproduced(boot, playbook, tmp_path):
+    """Greedy answers with log-probabilities from the real server: check mode writes no record, the first real run
+    records one, later runs (check mode too) reproduce it exactly; a record that differs fails, naming the prompt."""
+    server = boot("mla", KV_SIZES[1])
+    records = tmp_path / "records"
+    known = {"path": str(records), "identity": {"revision": "r1", "image": "native:test", "profile": "tiny"}}
+    args = {"url": server.url, "api_key": server.api_key, "canary": False, "known_answer": known}
+    status, res, text = kv_pool(playbook, tmp_path, "ka-check", check=True, **args)
+    assert status == "successful" and res["known_answer"] == "unrecorded", text[-4000:]
+    assert not records.exists() or not list(records.iterdir())
+    status, res, text = kv_pool(playbook, tmp_path, "ka-record", **args)
+    assert status == "successful" and res["known_answer"] == "recorded", text[-4000:]
+    record = json.loads(Path(res["known_answer_record"]).read_text())
+    assert all(a["text"].strip() and len(a["tokens"]) == len(a["logprobs"]) == 8 for a in record["answers"])
+    for name, check in (("ka-again", False), ("ka-again-check", True)):
+        status, res, text = kv_pool(playbook, tmp_path, name, check=check, **args)
+        assert status == "successful" and res["known_answer"] == "matched", text[-4000:]
+    print(f"\nknown answer on the real server: {record['answers'][0]['text']!r}, "
+          f"{res['known_answer_latency_s']} s for {len(record['answers'])} prompts")
+    record["answers"][1]["tokens"][2] += "x"
+    Path(res["known_answer_record"]).write_text(json.dumps(record))
+    status, res, text = kv_pool(playbook, tmp_path, "ka-wrong", **args)
+    assert status == "failed" and "a wrong known answer: prompt 2" in res["msg"], text[-4000:]
+    assert server.api_key not in text
 
 
 # ------------------------------------------------------------------------------------------------- failures
