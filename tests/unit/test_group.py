@@ -46,6 +46,8 @@ flag = open(os.path.join(workdir, "verify-flag")).read().strip() if os.path.exis
     os.path.join(workdir, "verify-flag")) else "ok"
 if flag == "slow-fail":
     time.sleep(3)
+if flag == "hang":
+    time.sleep(600)
 with open(os.path.join(workdir, "status.json"), "w") as handle:
     json.dump({"ok": flag == "ok", "why": "found a wrong known answer: prompt 1 ...; expected the recorded one"},
               handle)
@@ -329,3 +331,16 @@ def test_a_group_that_falls_apart_while_verified_restarts_instead_of_giving_up(g
     assert wait(lambda: g.whole_after(first), "the group whole in a new epoch") > first
     assert not (g.dirs[0] / "gave-up").exists()
     assert "left epoch" in g.history()[0]["why"]
+
+
+def test_a_stop_during_the_verification_stops_the_rank_at_once(group):
+    g = group(verify_timeout=900.0)  # the stop must end the check, not wait for its deadline
+    (g.dirs[0] / "verify-flag").write_text("hang")
+    g.run()
+    wait(lambda: g.state(0).get("phase") == "verifying", "the head to verify its start")
+    engine = g.engine(0)["pid"]
+    g.supervisors[0].send_signal(signal.SIGTERM)
+    assert g.supervisors[0].wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine, 0)
+    assert g.state(0)["phase"] == "stopped"
