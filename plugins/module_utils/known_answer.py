@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,12 @@ RECORD_VERSION = 1
 
 
 class KnownAnswerError(KvPoolError):
-    """A canary answer that is empty, non-finite or not the recorded one."""
+    """The known-answer canary could not be asked or held to its record (no answer, an HTTP error, a record that
+    cannot be read or written): a fault of the moment or of the node, not evidence against the weights."""
+
+
+class WrongAnswerError(KnownAnswerError):
+    """An answer that is empty, non-finite or not the recorded one: the model computes something else."""
 
 
 def identity_key(identity: dict[str, Any]) -> str:
@@ -94,14 +100,14 @@ def check_sane(answers: list[dict[str, Any]]) -> None:
     for number, answer in enumerate(answers, 1):
         what = f"prompt {number} ({answer['prompt']!r})"
         if not (answer.get("text") or "").strip() or not answer.get("tokens"):
-            raise KnownAnswerError(f"an empty answer to {what}: {answer.get('text')!r}",
+            raise WrongAnswerError(f"an empty answer to {what}: {answer.get('text')!r}",
                                    "a non-empty greedy completion",
                                    "the weights or the kernels are broken (a corrupted shard serves empty "
                                    "text): scrub the weights (sparkfleet-verify scrub) and read the log")
         bad = [i for i, value in enumerate(answer.get("logprobs") or []) if not finite(value)]
         if bad or len(answer.get("logprobs") or []) != len(answer["tokens"]):
             shown = [answer["logprobs"][i] if i < len(answer["logprobs"]) else "missing" for i in bad[:3]]
-            raise KnownAnswerError(f"non-finite log-probabilities in the answer to {what} (token(s) "
+            raise WrongAnswerError(f"non-finite log-probabilities in the answer to {what} (token(s) "
                                    f"{bad[:3] or 'missing'}: {shown})", "a finite log-probability per token",
                                    "the weights or the kernels produce NaN: scrub the weights and read the log")
 
@@ -133,22 +139,37 @@ def read_record(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError) as err:
         raise KnownAnswerError(f"an unreadable known-answer record {path} ({err})", "the record a verified start "
                                "wrote", f"remove {path}: the next verified start records the answer again") from err
-    if not isinstance(record, dict) or record.get("version") != RECORD_VERSION or \
-            not isinstance(record.get("answers"), list):
-        raise KnownAnswerError(f"a known-answer record {path} of another format", f"version {RECORD_VERSION}",
-                               f"remove {path}: the next verified start records the answer again")
+    try:
+        if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
+            raise ValueError("version")
+        check_sane(record["answers"])
+    except (ValueError, KeyError, TypeError, AttributeError, WrongAnswerError) as err:
+        raise KnownAnswerError(f"a known-answer record {path} of another format or damaged ({err})",
+                               f"version {RECORD_VERSION} with sane answers",
+                               f"remove {path}: the next verified start records the answer again") from None
     return record
 
 
 def write_record(path: str, identity: dict[str, Any], answers: list[dict[str, Any]], tolerance: float) -> None:
+    """Atomically, through a new file of its own (O_EXCL: a link planted in the directory is never followed)."""
     record = {"version": RECORD_VERSION, "identity": identity, "tolerance": tolerance,
               "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "answers": answers}
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    partial = f"{path}.{os.getpid()}.tmp"
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=1)
-        handle.write("\n")
-    os.replace(partial, path)
+    partial = None
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=".known-answer-", dir=os.path.dirname(path) or ".")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), 0o644)
+            json.dump(record, out, indent=1)
+            out.write("\n")
+        os.replace(partial, path)
+    except OSError as err:
+        if partial and os.path.exists(partial):
+            os.unlink(partial)
+        raise KnownAnswerError(f"the known-answer record {path} not writable ({err.strerror or err})",
+                               "a directory the verification may write",
+                               "run the check as the rank's user or root (become: true), or pass another path"
+                               ) from None
 
 
 def verify(url: str, api_key: str | None, model: str, directory: str, identity: dict[str, Any],
@@ -156,7 +177,8 @@ def verify(url: str, api_key: str | None, model: str, directory: str, identity: 
     """Ask the canary and hold it to the record for this identity; record it when there is none (and `record`).
 
     Returns {"known_answer": "matched" | "recorded" | "unrecorded", "known_answer_record": path,
-    "known_answer_latency_s": seconds}; raises KnownAnswerError when the answer is broken or not the recorded one.
+    "known_answer_latency_s": seconds}; raises WrongAnswerError when the answer is broken or not the recorded one
+    (asked twice before that verdict), KnownAnswerError when it could not be asked or held to the record.
     """
     path = record_path(directory, identity)
     answers, latency = ask(url, api_key, model, timeout=timeout)
@@ -169,7 +191,12 @@ def verify(url: str, api_key: str | None, model: str, directory: str, identity: 
         return dict(result, known_answer="recorded" if record else "unrecorded")
     why = compare(recorded["answers"], answers, tolerance)
     if why:
-        raise KnownAnswerError(
+        # Once more before the verdict: a wrong answer stops the group, and it must be the model's, every time.
+        answers, latency = ask(url, api_key, model, timeout=timeout)
+        check_sane(answers)
+        why = compare(recorded["answers"], answers, tolerance) and why
+    if why:
+        raise WrongAnswerError(
             f"a wrong known answer: {why}", f"the answer recorded at {recorded.get('recorded_at', '?')} for this "
             "weights revision, image and profile",
             "the model now computes something else with the same inputs: a corrupted weight file or a broken "

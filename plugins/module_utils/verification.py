@@ -69,10 +69,11 @@ def verify(params: dict[str, Any], result: dict[str, Any], findings: vs.Findings
 
 def status_document(result: dict[str, Any], error: Exception | None, expected: dict[str, Any],
                     context: dict[str, Any], wall: float | None = None) -> dict[str, Any]:
-    """The status a start's verification leaves on the head (/var/lib/sparkfleet/verify/status.json)."""
+    """The status a start's verification leaves on the head (/var/lib/sparkfleet/verify/status.json). `failed`:
+    None, "known_answer" (a wrong answer: the weights are suspect) or "pool" (any other check)."""
     kind = None
     if error is not None:
-        kind = "known_answer" if isinstance(error, ka.KnownAnswerError) else "pool"
+        kind = "known_answer" if isinstance(error, ka.WrongAnswerError) else "pool"
     return {
         "ok": error is None,
         "why": str(error) if error is not None else "",

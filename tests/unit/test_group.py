@@ -44,13 +44,14 @@ with open(os.path.join(workdir, "verified-epochs"), "a") as handle:
     handle.write(os.environ["SPARKFLEET_EPOCH"] + "\n")
 flag = open(os.path.join(workdir, "verify-flag")).read().strip() if os.path.exists(
     os.path.join(workdir, "verify-flag")) else "ok"
-if flag == "slow-fail":
-    time.sleep(3)
+if flag == "slow-fail":  # fails once the test has broken the group (it creates the file then)
+    while not os.path.exists(os.path.join(workdir, "release")):
+        time.sleep(0.1)
 if flag == "hang":
     time.sleep(600)
 with open(os.path.join(workdir, "status.json"), "w") as handle:
-    json.dump({"ok": flag == "ok", "why": "found a wrong known answer: prompt 1 ...; expected the recorded one"},
-              handle)
+    json.dump({"ok": flag == "ok", "epoch": int(os.environ["SPARKFLEET_EPOCH"]),
+               "why": "found a wrong known answer: prompt 1 ...; expected the recorded one"}, handle)
 sys.exit({"ok": 0, "wrong": 3}.get(flag, 1))
 """
 
@@ -326,8 +327,11 @@ def test_a_group_that_falls_apart_while_verified_restarts_instead_of_giving_up(g
     g.run()
     wait(lambda: g.state(0).get("phase") == "verifying", "the head to verify its start")
     first = g.state(0)["epoch"]
-    (g.dirs[0] / "verify-flag").write_text("ok")  # the next start verifies
+    wait(lambda: g.engine(1).get("epoch") == str(first), "the worker's engine in the epoch")
     os.kill(g.engine(1)["pid"], signal.SIGKILL)  # a worker dies while the verification runs (and so it fails)
+    wait(lambda: g.state(1).get("phase") == "left", "the worker to leave the epoch")
+    (g.dirs[0] / "verify-flag").write_text("ok")  # the next start verifies
+    (g.dirs[0] / "release").write_text("")
     assert wait(lambda: g.whole_after(first), "the group whole in a new epoch") > first
     assert not (g.dirs[0] / "gave-up").exists()
     assert "left epoch" in g.history()[0]["why"]

@@ -57,7 +57,7 @@ def test_another_identity_gets_a_record_of_its_own(server, tmp_path):
 def test_another_answer_later_fails_naming_the_prompt(server, tmp_path, mode, says):
     ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
     server.mode = mode
-    with pytest.raises(ka.KnownAnswerError) as err:
+    with pytest.raises(ka.WrongAnswerError) as err:
         ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
     assert says in str(err.value) and "fix: " in str(err.value) and "scrub" in str(err.value)
 
@@ -72,7 +72,7 @@ def test_a_drift_within_the_tolerance_matches(server, tmp_path):
 @pytest.mark.parametrize(("mode", "says"), [("nan", "non-finite log-probabilities"), ("empty", "an empty answer")])
 def test_broken_answers_fail_and_are_never_recorded(server, tmp_path, mode, says):
     server.mode = mode
-    with pytest.raises(ka.KnownAnswerError, match=says):
+    with pytest.raises(ka.WrongAnswerError, match=says):
         ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
     assert not list(tmp_path.iterdir())  # nothing broken becomes the known answer
 
@@ -109,8 +109,9 @@ def test_a_dead_engine_and_a_refused_key_fail(server, tmp_path):
     with pytest.raises(vs.KvPoolError, match="401"):
         ka.verify(server.url, "wrong-key", "tiny-llama", str(tmp_path), IDENTITY)
     server.mode = "dead"
-    with pytest.raises(ka.KnownAnswerError, match="HTTP 500"):
+    with pytest.raises(ka.KnownAnswerError, match="HTTP 500") as err:
         ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
+    assert not isinstance(err.value, ka.WrongAnswerError)
 
 
 # ------------------------------------------------------------------------------------------ the verification
@@ -140,7 +141,7 @@ def test_the_status_and_textfile_say_what_was_found(server, tmp_path):
                        "sparkfleet_canary_latency_seconds": result["canary_latency_s"],
                        "sparkfleet_time_to_ready_seconds": 42.5, "sparkfleet_group_starts": 2,
                        "sparkfleet_group_epoch": 7}
-    failed = verification.status_document({}, ka.KnownAnswerError("x", "y", "z"), expected(), {})
+    failed = verification.status_document({}, ka.WrongAnswerError("x", "y", "z"), expected(), {})
     assert failed["ok"] is False and failed["failed"] == "known_answer" and "found x" in failed["why"]
     assert "sparkfleet_verify_ok 0" in verification.textfile(failed)
     assert "sparkfleet_kv_pool_tokens" not in verification.textfile(failed)  # unknown is left out, not 0
@@ -210,7 +211,60 @@ def test_an_unusable_configuration_exits_2(tmp_path):
     assert run_verify("start", tmp_path / "verify.json").returncode == 2
     (tmp_path / "verify.json").write_text("{}")
     done = run_verify("start", tmp_path / "verify.json")
-    assert done.returncode == 2 and "lacks" in done.stdout
+    assert done.returncode == 2 and "found no usable" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_node_check_without_the_known_answer_verifies_the_rest(server, tmp_path):
+    config = node_config(tmp_path, server.url, known_answer=None)
+    done = run_verify("start", config, SPARKFLEET_EPOCH="5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "known answer not asked" in done.stdout and not list((tmp_path / "verify").glob("known-answer-*"))
+
+
+def test_a_check_on_demand_is_of_the_groups_current_start(server, tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "ready", "epoch": 77}))
+    config = node_config(tmp_path, server.url, state_file=str(tmp_path / "state.json"))
+    assert run_verify("start", config, SPARKFLEET_EPOCH="77", SPARKFLEET_READY_S="12.5").returncode == 0
+    assert run_verify("start", config).returncode == 0  # the verify unit: no epoch from a supervisor
+    status = json.loads((tmp_path / "verify/status.json").read_text())
+    assert status["epoch"] == 77 and status["time_to_ready_s"] == 12.5
+
+
+def test_a_transient_fault_is_not_a_wrong_answer(server, tmp_path):
+    config = node_config(tmp_path, server.url)
+    assert run_verify("start", config).returncode == 0
+    server.mode = "dead"  # the engine died under the check: not evidence against the weights, no scrub
+    done = run_verify("start", config)
+    assert done.returncode == 1
+    assert json.loads((tmp_path / "verify/status.json").read_text())["failed"] == "pool"
+
+
+def test_an_answer_wrong_only_once_is_asked_again(server, tmp_path):
+    ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
+    answers = iter(["wrong", "ok"])
+    original = ka.ask
+
+    def flaky(*args, **kwargs):
+        server.mode = next(answers)
+        return original(*args, **kwargs)
+    ka.ask = flaky
+    try:
+        assert ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)["known_answer"] == "matched"
+    finally:
+        ka.ask = original
+
+
+def test_a_damaged_record_is_not_a_wrong_answer(server, tmp_path):
+    ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
+    path = ka.record_path(str(tmp_path), IDENTITY)
+    with open(path, encoding="utf-8") as handle:
+        record = json.load(handle)
+    del record["answers"][0]["tokens"]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    with pytest.raises(ka.KnownAnswerError, match="damaged") as err:
+        ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)
+    assert not isinstance(err.value, ka.WrongAnswerError)
 
 
 # ---------------------------------------------------------------------------------- weights: fast path, scrub
