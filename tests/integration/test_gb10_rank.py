@@ -5,9 +5,11 @@ GB10 hardware cannot exist here, so these files are checked as text: the flags t
 
 import json
 import os
+import re
 import shlex
 
 import pytest
+import yaml
 from conftest import ROOT, output, run_playbook
 
 GB10_FACTS = {"accelerator": {"kind": "nvidia", "count": 1, "devices": [{"model": "NVIDIA GB10"}]},
@@ -99,11 +101,36 @@ def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(
     assert "ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet-group run --config " \
         "/etc/sparkfleet/group.json -- /usr/local/libexec/sparkfleet/vllm-launch" in unit
     group = json.loads(rendered("spark-b", "group.json"))
-    # Before every engine start, the group's own restarts included: a leftover container goes, then the gate.
+    # Before every engine start, the group's own restarts included: a leftover container goes, the weights are
+    # checked against their verified marker, then the gate.
     assert group["pre"][0] == {"argv": ["/usr/bin/docker", "rm", "-f", "sparkfleet-vllm"], "check": False}
-    gate = group["pre"][1]["argv"]
-    assert gate[0].endswith("memory-gate") and group["pre"][1]["check"] is True
+    assert group["pre"][1] == {"argv": ["/usr/local/libexec/sparkfleet/sparkfleet-verify", "weights", "--config",
+                                        "/etc/sparkfleet/verify.json"], "check": True}
+    gate = group["pre"][2]["argv"]
+    assert gate[0].endswith("memory-gate") and group["pre"][2]["check"] is True
     # Weights + runtime + the 9.06e9 pin + the 3 GiB floor of the TP2 profile must be free before a start.
     assert gate[gate.index("--min-available-bytes") + 1] == str(101468602368 + 6442450944 + 9060000000 + 3221225472)
     assert group["rank"] == 1 and group["burst"] == 3 and group["health_url"] == "http://192.168.1.101:8888/health"
     assert [(m["rank"], m["address"]) for m in group["members"]] == [(0, "192.168.100.10"), (1, "192.168.100.11")]
+
+
+def test_the_head_verifies_each_start_against_the_plan_and_the_workers_do_not(rendered):
+    head, worker = (json.loads(rendered(host, "group.json")) for host in ("spark-a", "spark-b"))
+    assert head["verify"] == ["/usr/local/libexec/sparkfleet/sparkfleet-verify", "start", "--config",
+                              "/etc/sparkfleet/verify.json"]
+    assert worker["verify"] is None and head["verify_timeout"] == 600
+    assert head["scrub"] == worker["scrub"] == ["/usr/bin/touch", "/var/lib/sparkfleet/verify/scrub-requested"]
+    checks = json.loads(rendered("spark-a", "verify.json"))
+    with open(os.path.join(ROOT, "profiles/glm-5.3-flash-nvfp4-tp2.yml"), encoding="utf-8") as handle:
+        capacity = yaml.safe_load(handle)["capacity"]
+    assert checks["expect"] == {"expected_tokens": checks["expect"]["expected_tokens"], "max_model_len": 900000,
+                                "min_tokens": capacity["min_pool_tokens"], "tolerance": capacity["tolerance"]}
+    assert isinstance(checks["expect"]["expected_tokens"], int) and checks["expect"]["expected_tokens"] > 1_000_000
+    identity = checks["known_answer"]["identity"]
+    assert identity["revision"] == "0123abcd" * 5 and identity["manifest"] == "f" * 64
+    assert identity["image"] == "sha256:" + "ab" * 32 and identity["profile"] == "glm-5.3-flash-nvfp4-tp2"
+    assert checks["known_answer"]["logprob_tolerance"] == 0.1 and checks["url"] == "http://192.168.1.101:8888"
+    assert checks["weights"]["revision"] == "0123abcd" * 5
+    # What differs between the ranks (node rank, headless, the host it listens on) changes no identity.
+    assert re.fullmatch(r"[0-9a-f]{40}", identity["args"])
+    assert json.loads(rendered("spark-b", "verify.json"))["known_answer"]["identity"] == identity
