@@ -28,10 +28,13 @@ NORMAL = {}
 
 def unit(lab, node):
     """The unit's state as systemd reports it (ExecMainStartTimestampMonotonic: when it last started its main
-    process, in microseconds of systemd's monotonic clock)."""
-    text = on_node(lab, node, "systemctl", "show", UNIT, "-p", "ActiveState", "-p", "Result", "-p", "MainPID",
-                   "-p", "NRestarts", "-p", "ExecMainStartTimestampMonotonic").stdout
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    process, in microseconds of systemd's monotonic clock); {} while the node's systemd does not answer (it is
+    still booting after a restart)."""
+    shown = on_node(lab, node, "systemctl", "show", UNIT, "-p", "ActiveState", "-p", "Result", "-p", "MainPID",
+                    "-p", "NRestarts", "-p", "ExecMainStartTimestampMonotonic", check=False)
+    if shown.returncode != 0:
+        return {}
+    return dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
 
 
 def wait_for(lab, predicate, what, stall=180):
@@ -328,9 +331,6 @@ def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, l
     ended = next(e for e in group_history(lab) if e["epoch"] == before["epoch"])
     assert ended["rank"] == 0 and "the engine exited" in ended["why"], ended
     assert unit(lab, "node0")["ActiveState"] == "active" and unit(lab, "node0")["NRestarts"] == "0"
-    runner = run_playbook(tmp_path / "verify", VERIFY, inventory=lab["inventory"])
-    assert runner.status == "successful", output(runner)[-4000:]
-    assert "verified: tiny-cpu" in output(runner)
 
 
 def stopped_for_good(lab):
