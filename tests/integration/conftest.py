@@ -3,10 +3,12 @@ and grouping the tests run in so that they can share them.
 
 One 2-node lab (`lab`) serves: molecule's own site scenario runs on it first (a --check run on fresh nodes, then
 converge, idempotence and verify; the `site` fixture), and every later test starts from that converged, serving
-lab. A second 2-node lab (`weights_lab`), converged through the preflight and fabric stages, takes the weights
-stage's tests and then grows to 3 nodes and back. The fabric topologies (`fabric_lab`) each get one bare-port
-lab, converged once through the preflight and fabric stages and shared by the fabric tests; the triangle's
-converge takes the node stage too, and the node and container-runtime tests run there.
+lab; its drills are the longest chain of the run, so nothing else runs there. A second 2-node lab
+(`weights_lab`), converged through the preflight and fabric stages, takes the lab playbook's own checks and the
+preflight refusals, then the weights stage's tests, and then grows to 3 nodes and back. The fabric topologies
+(`fabric_lab`) each get one bare-port lab, converged once through the preflight and fabric stages and shared by
+the fabric tests; the triangle's converge takes the node stage too, and the node and container-runtime tests run
+there.
 
 The tests of one lab run one after the other on one pytest-xdist worker; labs and the tests without a lab run
 side by side on the others (see MODULE_GROUPS).
@@ -193,12 +195,13 @@ def labs_used(item):
 LAST_USER = {}
 
 
-# Modules in the order they run (within each group of MODULE_GROUPS): on the 2-node lab, while its nodes are fresh,
-# the lab playbook and preflight refusals, then molecule's site scenario and the serving tests; on the second one
-# the weights stage, then the lab growing to 3 nodes (it re-plans that lab); then the fabric topologies' labs.
-# Within a module pytest's own order is kept.
-MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_collection_build", "test_gb10_rank",
-                "test_lab", "test_bad_inventory", "test_serve", "test_bad_inputs", "test_weights", "test_lab_grow",
+# Modules in the order they run (within each group of MODULE_GROUPS), and the order the groups are handed to the
+# workers: the serving lab first (molecule's site scenario, then the serving tests and drills: the longest chain,
+# so it starts at once); then the modules without a lab; on the second lab, while its nodes are fresh, the lab
+# playbook's checks and the preflight refusals, then the weights stage, then the lab growing to 3 nodes (it
+# re-plans that lab); then the fabric topologies' labs. Within a module pytest's own order is kept.
+MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_kv_pool", "test_collection_build",
+                "test_gb10_rank", "test_lab", "test_bad_inventory", "test_bad_inputs", "test_weights", "test_lab_grow",
                 "test_fabric", "test_node", "test_container_runtime")
 
 
@@ -208,7 +211,7 @@ MODULE_ORDER = ("test_watchdog", "test_plugin_register", "test_kv_pool", "test_c
 # side by side. The scheduler sees test ids only, so the groups are named by module here, and the collection
 # checks them against the labs each test really uses.
 LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric"}
-MODULE_GROUPS = {"test_lab": "lab-main", "test_bad_inventory": "lab-main", "test_serve": "lab-main",
+MODULE_GROUPS = {"test_lab": "lab-weights", "test_bad_inventory": "lab-weights", "test_serve": "lab-main",
                  "test_bad_inputs": "lab-weights", "test_weights": "lab-weights", "test_lab_grow": "lab-weights",
                  "test_fabric": "lab-fabric",
                  "test_node": "lab-fabric", "test_container_runtime": "lab-fabric"}
@@ -309,9 +312,9 @@ def inventory_copy(lab, tmp_path):
 
 
 @pytest.fixture
-def lab_inventory_copy(lab, tmp_path):
-    """A private copy of the 2-node lab's inventory a test may break."""
-    return inventory_copy(lab, tmp_path)
+def weights_inventory_copy(weights_lab, tmp_path):
+    """A private copy of the second 2-node lab's inventory a test may break."""
+    return inventory_copy(weights_lab, tmp_path)
 
 
 def wait_until(ready, what, progress=None, stall=180, poll=2.0, limit=900):

@@ -47,9 +47,9 @@ def three_nodes_for_tp2(inventory):
 
 
 @pytest.mark.parametrize("breakage", [duplicate_fabric_address, mistyped_key, three_nodes_for_tp2])
-def test_bad_inventory_fails_in_preflight(breakage, lab_inventory_copy, tmp_path):
-    expected = breakage(lab_inventory_copy)
-    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+def test_bad_inventory_fails_in_preflight(breakage, weights_inventory_copy, tmp_path):
+    expected = breakage(weights_inventory_copy)
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(weights_inventory_copy))
     text = output(runner)
     assert runner.status == "failed" and runner.rc != 0
     assert expected in text.splitlines(), text[-3000:]  # the whole problem on one line of its own
@@ -74,29 +74,29 @@ def capacity_refusal(inventory, tmp_path, vllm_args):
     return text
 
 
-def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(lab_inventory_copy, tmp_path):
+def test_a_kv_pin_the_nodes_cannot_hold_is_refused_before_any_change(weights_inventory_copy, tmp_path):
     """The pin fits the profile's rules but not the nodes' memory, which only node_facts knows."""
-    text = capacity_refusal(lab_inventory_copy, tmp_path, {"kv-cache-memory-bytes": "400G"})
+    text = capacity_refusal(weights_inventory_copy, tmp_path, {"kv-cache-memory-bytes": "400G"})
     line = next(line for line in text.splitlines() if "sparkfleet_vllm_args: kv-cache-memory-bytes: found" in line)
     assert "sparkfleet_cluster: sparkfleet_vllm_args: kv-cache-memory-bytes: found " in line  # where, then key
     assert "GiB needed per node (weights 0.02 + runtime 3.00 + KV 400.00 + floor 1.00 + OS 1.00)" in line
     assert "expected at most the node's" in line and "fix: lower the KV pin by at least" in line
 
 
-def test_a_context_beyond_the_model_is_refused_by_the_one_capacity_plan(lab_inventory_copy, tmp_path):
+def test_a_context_beyond_the_model_is_refused_by_the_one_capacity_plan(weights_inventory_copy, tmp_path):
     """The plan is computed once, with the nodes' memory: what it refuses, it refuses before any change."""
-    text = capacity_refusal(lab_inventory_copy, tmp_path, {"max-model-len": 4096})
+    text = capacity_refusal(weights_inventory_copy, tmp_path, {"max-model-len": 4096})
     # The whole problem in one piece (Ansible's error line shows the message's line break as "\n").
     assert ("sparkfleet_cluster: sparkfleet_vllm_args: max-model-len: found 4,096; expected at most the model's "
             "limit 2,048; fix: lower max-model-len in sparkfleet_vllm_args or the profile") in text, text[-3000:]
 
 
-def test_an_image_base_without_a_digest_is_refused_before_any_change(lab_inventory_copy, tmp_path):
+def test_an_image_base_without_a_digest_is_refused_before_any_change(weights_inventory_copy, tmp_path):
     """Ranks in Docker need the patched image, built FROM a base pinned by digest: preflight says so first."""
-    (lab_inventory_copy / "group_vars").mkdir()
-    (lab_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
+    (weights_inventory_copy / "group_vars").mkdir()
+    (weights_inventory_copy / "group_vars" / "sparkfleet_cluster.yml").write_text(
         "---\nvllm_service_runtime: docker\nvllm_image_base: vllm/vllm-openai:v0.33.0\n")
-    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(weights_inventory_copy))
     text = " ".join(output(runner).split())
     assert runner.status == "failed"
     assert "vllm_image: found base vllm/vllm-openai:v0.33.0, build node node0 (image nodes node0, node1)" in text, (
@@ -129,9 +129,9 @@ def fabric_subnet_over_the_management_network(inventory):
 
 
 @pytest.mark.parametrize("breakage", [ring_on_two_nodes, fabric_subnet_over_the_management_network])
-def test_a_fabric_that_cannot_be_built_is_refused_before_any_change(breakage, lab_inventory_copy, tmp_path):
-    heading, expected = breakage(lab_inventory_copy)
-    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(lab_inventory_copy))
+def test_a_fabric_that_cannot_be_built_is_refused_before_any_change(breakage, weights_inventory_copy, tmp_path):
+    heading, expected = breakage(weights_inventory_copy)
+    runner = run_playbook(tmp_path / "run", os.path.join(ROOT, "site.yml"), inventory=str(weights_inventory_copy))
     text = output(runner)
     assert runner.status == "failed"
     assert heading in text and expected in [line.strip() for line in text.splitlines()], text[-3000:]

@@ -1,6 +1,7 @@
 """The lab playbook in check mode reports no drift on a lab it made; site.yml's stage tags select its plays.
-(These run while the lab's nodes are still fresh, before molecule's site scenario converges them. The lab
-playbook's second run, with zero changes, is test_serve's lab -> site -> lab -> site, after the site.)"""
+(These run on the second lab, converged through the preflight and fabric stages only, so that the serving lab's
+long chain of drills runs alone. The lab playbook's second run, with zero changes, after a whole site, is
+test_serve's lab -> site -> lab -> site.)"""
 
 import os
 import subprocess
@@ -9,30 +10,31 @@ from pathlib import Path
 from conftest import ROOT, output, run_playbook, task_names
 
 
-def test_check_mode_reports_no_drift(lab, tmp_path):
-    check = run_playbook(tmp_path / "check", os.path.join(ROOT, "playbooks/lab.yml"), extravars=lab["extravars"],
-                         cmdline="--check")
+def test_check_mode_reports_no_drift(weights_lab, tmp_path):
+    check = run_playbook(tmp_path / "check", os.path.join(ROOT, "playbooks/lab.yml"),
+                         extravars=weights_lab["extravars"], cmdline="--check")
     assert check.status == "successful", output(check)[-4000:]
     assert check.stats["changed"] == {}
 
 
-def test_inventory_reaches_nodes_over_ssh_as_admin(lab):
-    text = Path(lab["inventory"]).read_text()
+def test_inventory_reaches_nodes_over_ssh_as_admin(weights_lab):
+    text = Path(weights_lab["inventory"]).read_text()
     assert "ansible_user: spark" in text
     assert "ansible_ssh_private_key_file:" in text
     assert "StrictHostKeyChecking=yes" in text
-    mode = os.stat(os.path.join(lab["extravars"]["lab_state_dir"], "id_ed25519")).st_mode & 0o777
+    mode = os.stat(os.path.join(weights_lab["extravars"]["lab_state_dir"], "id_ed25519")).st_mode & 0o777
     assert mode == 0o600
 
 
-def test_stage_tags_select_plays(lab, tmp_path):
+def test_stage_tags_select_plays(weights_lab, tmp_path):
     site = os.path.join(ROOT, "site.yml")
-    runner = run_playbook(tmp_path, site, inventory=lab["inventory"], cmdline="--tags preflight --check")
+    runner = run_playbook(tmp_path, site, inventory=weights_lab["inventory"], cmdline="--tags preflight --check")
     assert runner.status == "successful", output(runner)[-4000:]
     assert runner.stats["changed"] == {}
     assert "Validate the inventory on the controller" in task_names(runner)
     # A tag of no stage runs no stage; the preflight still validates and plans (as before every stage run alone).
-    skipped = run_playbook(tmp_path / "none", site, inventory=lab["inventory"], cmdline="--tags no-such-stage")
+    skipped = run_playbook(tmp_path / "none", site, inventory=weights_lab["inventory"],
+                           cmdline="--tags no-such-stage")
     assert skipped.status == "successful"
     ran = {(e["event_data"]["play"], e["event_data"]["task"]) for e in skipped.events
            if e["event"] == "playbook_on_task_start"
@@ -41,9 +43,9 @@ def test_stage_tags_select_plays(lab, tmp_path):
     assert ("Preflight", "Validate the inventory on the controller") in ran
 
 
-def test_check_mode_on_a_lab_that_does_not_exist_creates_nothing(lab, tmp_path):
+def test_check_mode_on_a_lab_that_does_not_exist_creates_nothing(weights_lab, tmp_path):
     """A preview of a new lab (networks and containers it would create): it succeeds and creates nothing."""
-    name = lab["extravars"]["lab_name"] + "-preview"
+    name = weights_lab["extravars"]["lab_name"] + "-preview"
     check = run_playbook(tmp_path / "check", os.path.join(ROOT, "playbooks/lab.yml"), cmdline="--check",
                          extravars={"lab_name": name, "lab_nodes": 3, "lab_fabric_topology": "triangle",
                                     "lab_inventory_dir": str(tmp_path / "inventory"),
