@@ -88,9 +88,11 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 # The unit tests run inside `sanity`, under ansible-test units (the same tests/unit `make unit` runs with pytest).
-# lint and sanity run beside kernels and image (neither pair keeps both cores busy); integration alone after them.
+# lint, sanity and the host scenario run beside kernels and image (neither lane keeps both cores busy, and the
+# host scenario's zram and vm.* settings, restored after it, touch no other stage's files); integration alone
+# after them.
 test:
-	@scripts/run-stages deps "lint sanity | kernels image" integration host
+	@scripts/run-stages deps "lint sanity host | kernels image" integration
 
 lint: deps
 	ansible-lint
