@@ -259,6 +259,27 @@ def pytest_collection_finish(session):
             LAST_USER[key] = item.nodeid
 
 
+GROUP_SECONDS = {}  # group -> [seconds of setup, call and teardown added up, tests, workers seen]
+
+
+def pytest_runtest_logreport(report):
+    """Each group's time as the run's reports (on the controller, from every worker) tell it."""
+    name = module_of(report.nodeid)
+    entry = GROUP_SECONDS.setdefault(MODULE_GROUPS.get(name, name), [0.0, 0, set()])
+    entry[0] += report.duration
+    entry[1] += report.when == "call"
+    entry[2].add((getattr(report, "node", None) and report.node.gateway.id) or "main")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which chain of tests made the stage as long as it is: the groups' times, longest first."""
+    if not GROUP_SECONDS:
+        return
+    terminalreporter.section("time by group of tests (a group runs on one worker)")
+    for group, (seconds, tests, workers) in sorted(GROUP_SECONDS.items(), key=lambda item: -item[1][0]):
+        terminalreporter.write_line(f"{seconds:8.0f} s  {tests:4d} tests  {','.join(sorted(workers)):8s} {group}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """A lab goes as soon as the last test that uses it is done."""
