@@ -395,11 +395,17 @@ def test_a_rendezvous_that_never_completes_is_bounded_and_every_rank_stays_stopp
     starts every rank and verifies the group serves."""
     worker = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
     table = "sparkfleet_drill"
-    on_node(lab, "node0", "nft", "add", "table", "inet", table)
-    on_node(lab, "node0", "nft", "add", "chain", "inet", table, "input",
-            "{ type filter hook input priority -10; policy accept; }")
-    on_node(lab, "node0", "nft", "add", "rule", "inet", table, "input", "ip", "saddr", worker, "tcp", "dport",
-            "!=", "29530", "tcp", "sport", "!=", "29530", "drop")
+    # The agents' traffic both ways (to the head's agent, and the answers of the worker's), then nothing else.
+    on_node(lab, "node0", "sh", "-c", f"""nft -f - <<'EOF'
+table inet {table} {{
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    ip saddr {worker} tcp dport 29530 accept
+    ip saddr {worker} tcp sport 29530 accept
+    ip saddr {worker} drop
+  }}
+}}
+EOF""")
     try:
         started = time.monotonic()
         runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
