@@ -155,8 +155,8 @@ API_KEY = matching(r"[!-~]{1,4096}", "printable ASCII characters without spaces 
                                      "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
 
 # What a timer's OnCalendar= takes (systemd.time(7)): weekly, Sun *-*-* 03:00, ...; one line; empty for none.
-SCRUB_SCHEDULE = matching(r"([A-Za-z0-9*:,./~+ -]{1,200})?", "a systemd OnCalendar expression such as weekly or "
-                                                            "\"Sun *-*-* 03:00\", or empty for no timer")
+SCRUB_SCHEDULE = matching(r"([A-Za-z0-9*:,./~+ -]{1,200})?",
+                          "a systemd OnCalendar expression such as weekly or \"Sun *-*-* 03:00\", or empty")
 
 
 def _clock_range(value: Any, _context: Context) -> bool:

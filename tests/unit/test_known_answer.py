@@ -132,8 +132,8 @@ def test_one_verification_holds_the_pool_length_and_known_answer(server, tmp_pat
 
 def test_the_status_and_textfile_say_what_was_found(server, tmp_path):
     result = verification.verify(dict(expected(), url=server.url, api_key=KEY), {}, vs.Findings())
-    status = verification.status_document(result, None, expected(), {"epoch": 7, "time_to_ready_s": 42.5,
-                                                                      "starts": 2}, wall=1000.0)
+    context = {"epoch": 7, "time_to_ready_s": 42.5, "starts": 2}
+    status = verification.status_document(result, None, expected(), context, wall=1000.0)
     assert status["ok"] and status["found"]["kv_cache_tokens"] == 51200 and status["expected"]["pool_tokens"] == 51200
     samples = {s.name: s.value for s in prom.parse_prometheus(verification.textfile(status))}
     assert samples == {"sparkfleet_verify_ok": 1, "sparkfleet_verify_timestamp_seconds": 1000.0,
