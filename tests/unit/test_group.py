@@ -49,6 +49,11 @@ if flag == "slow-fail":  # fails once the test has broken the group (it creates 
         time.sleep(0.1)
 if flag == "hang":
     time.sleep(600)
+if flag == "stopped":  # the rank is stopped while the check runs (docker's ExecStop comes first): the check fails
+    os.kill(os.getppid(), 15)
+if flag == "engine-dies":  # the engine dies under the check, which fails; the next start is verified
+    os.kill(json.load(open(os.path.join(workdir, "engine.json")))["pid"], 9)
+    open(os.path.join(workdir, "verify-flag"), "w").write("ok")
 with open(os.path.join(workdir, "status.json"), "w") as handle:
     json.dump({"ok": flag == "ok", "epoch": int(os.environ["SPARKFLEET_EPOCH"]),
                "why": "found a wrong known answer: prompt 1 ...; expected the recorded one"}, handle)
@@ -348,3 +353,20 @@ def test_a_stop_during_the_verification_stops_the_rank_at_once(group):
     with pytest.raises(ProcessLookupError):
         os.kill(engine, 0)
     assert g.state(0)["phase"] == "stopped"
+
+
+def test_a_check_that_fails_because_the_rank_is_stopping_is_a_stop_not_a_verdict(group):
+    g = group()
+    (g.dirs[0] / "verify-flag").write_text("stopped")
+    g.run()
+    assert g.supervisors[0].wait(timeout=60) == 0, g.output()
+    assert not (g.dirs[0] / "gave-up").exists() and g.state(0)["phase"] == "stopped"
+
+
+def test_a_check_that_fails_because_the_engine_died_restarts_the_group(group):
+    g = group()
+    (g.dirs[0] / "verify-flag").write_text("engine-dies")
+    g.run()
+    epoch = wait(g.whole, "the group whole, in a start that passed its check")
+    assert len(g.history()) == 2 and g.history()[0]["rank"] == 0 and g.history()[-1]["epoch"] == epoch
+    assert not (g.dirs[0] / "gave-up").exists()
