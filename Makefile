@@ -113,10 +113,11 @@ kernels: kernels-deps
 
 # One session: the labs are shared between the tests (see tests/integration/conftest.py), and molecule's site
 # scenario runs there on the 2-node lab instead of on a lab of its own. The tests of each lab run one after the
-# other on one pytest-xdist worker; the labs' groups (and the tests without a lab) run side by side.
+# other on one pytest-xdist worker; the labs' groups (and the tests without a lab) run side by side, handed out in
+# conftest's order (the serving lab's chain, the longest, first), not by their number of tests.
 INTEGRATION_WORKERS ?= 2
 integration: deps
-	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --durations=25
+	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 molecule: deps
 	molecule test -s site

@@ -81,7 +81,9 @@ class FakeVllm:
                     if body.get("logprobs") is not None:
                         choice["logprobs"] = {"text_offset": list(range(len(tokens))), "token_logprobs": logprobs,
                                               "tokens": tokens,
-                                              "top_logprobs": [{t: v} for t, v in zip(tokens, logprobs, strict=True)]}
+                                              # the chosen token and a runner-up a clear 1 nat below
+                                              "top_logprobs": [{t: v, t + "~": v - 1.0}
+                                                               for t, v in zip(tokens, logprobs, strict=True)]}
                     choices.append(choice)
                 # Python's json writes NaN as NaN, as a server that does not refuse non-finite floats does.
                 self.answer(200, {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": MODEL,

@@ -38,7 +38,8 @@ def test_the_first_answer_is_recorded_and_the_same_answer_matches(server, tmp_pa
     assert record["identity"] == IDENTITY and len(record["answers"]) == len(ka.PROMPTS)
     assert all(len(a["tokens"]) == ka.MAX_TOKENS == len(a["logprobs"]) for a in record["answers"])
     sent = server.requests[-1]
-    assert sent["temperature"] == 0.0 and sent["logprobs"] == 1 and sent["prompt"] == list(ka.PROMPTS)
+    assert sent["temperature"] == 0.0 and sent["logprobs"] == 2 and sent["prompt"] == list(ka.PROMPTS)
+    assert all(margin == 1.0 for a in record["answers"] for margin in a["margins"])
     assert ka.verify(server.url, KEY, "tiny-llama", str(tmp_path), IDENTITY)["known_answer"] == "matched"
 
 
@@ -322,3 +323,28 @@ def test_a_scrub_passes_intact_weights_and_withdraws_the_marker_of_corrupt_ones(
     samples = {s.name: s.value for s in prom.parse_prometheus(metrics)}
     assert samples["sparkfleet_weights_scrub_ok"] == 0 and samples["sparkfleet_weights_scrub_bad_files"] == 1
     assert math.isfinite(samples["sparkfleet_weights_scrub_seconds"])
+
+
+def answer(tokens, margins, logprobs=None):
+    return {"prompt": "p", "text": "".join(tokens), "tokens": tokens, "logprobs": logprobs or [-0.5] * len(tokens),
+            "margins": margins}
+
+
+def test_tokens_may_part_only_where_the_record_shows_a_near_tie():
+    recorded = [answer([" a", " b", " c", " d"], [2.0, 0.05, 2.0, 2.0])]
+    # parting at token 1, a near-tie in the record (0.05 nats): accepted, the rest is not compared
+    assert ka.compare(recorded, [answer([" a", " x", " y", " z"], [2.0, 0.1, 1.0, 1.0])], 0.1) is None
+    # parting at token 2, where the record's choice was clear: a wrong answer
+    why = ka.compare(recorded, [answer([" a", " b", " x", " d"], [2.0, 0.05, 2.0, 2.0])], 0.1)
+    assert "differ from token 2, where the record's choice was clear" in why
+    # before the parting, the log-probabilities are held to the tolerance
+    drifted = answer([" a", " x", " y", " z"], [2.0, 0.1, 1.0, 1.0], logprobs=[-0.9, -0.5, -0.5, -0.5])
+    assert "token 0's log-probability" in ka.compare(recorded, [drifted], 0.1)
+    # a record without margins (none reported) holds every token
+    assert ka.compare([answer([" a", " b"], [None, None])], [answer([" a", " x"], [None, None])], 0.1)
+
+
+def test_margins_come_from_the_runner_up():
+    found = ka.margins({"tokens": [" a", " b"], "logprobs": [-0.1, -2.0]},
+                       [{" a": -0.1, " q": -1.6}, {" b": -2.0}])
+    assert found == [1.5, None]
