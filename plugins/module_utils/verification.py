@@ -96,26 +96,27 @@ def _gauge(lines: list[str], name: str, help_text: str, value: Any) -> None:
     lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
 
 
+# The gauges of the textfile: name, help, and where in the status the value is (None: the status itself).
+GAUGES = (
+    ("sparkfleet_verify_ok", "1 when the last start of the group passed its verification", None, "ok"),
+    ("sparkfleet_verify_timestamp_seconds", "When the last verification ran (Unix time)", None, "checked_at"),
+    ("sparkfleet_kv_pool_expected_tokens", "The KV pool the plan expects, in tokens", "expected", "pool_tokens"),
+    ("sparkfleet_kv_pool_tokens", "The KV pool the server reports, in tokens", "found", "kv_cache_tokens"),
+    ("sparkfleet_canary_latency_seconds", "Latency of the one-token canary", "found", "canary_latency_s"),
+    ("sparkfleet_known_answer_latency_seconds", "Latency of the known-answer canary", "found",
+     "known_answer_latency_s"),
+    ("sparkfleet_time_to_ready_seconds", "From the group's start (its epoch opening) to serving", None,
+     "time_to_ready_s"),
+    ("sparkfleet_group_starts", "Group starts since the serve stage last started the group", None, "starts"),
+    ("sparkfleet_group_epoch", "The start (epoch) this verification is of", None, "epoch"),
+)
+
+
 def textfile(status: dict[str, Any]) -> str:
     """The status as Prometheus text for node_exporter's textfile collector (parsed back by the tests)."""
-    found, expected = status.get("found") or {}, status.get("expected") or {}
     lines: list[str] = []
-    _gauge(lines, "sparkfleet_verify_ok", "1 when the last start of the group passed its verification", status["ok"])
-    _gauge(lines, "sparkfleet_verify_timestamp_seconds", "When the last verification ran (Unix time)",
-           status.get("checked_at"))
-    _gauge(lines, "sparkfleet_kv_pool_expected_tokens", "The KV pool the plan expects, in tokens",
-           expected.get("pool_tokens"))
-    _gauge(lines, "sparkfleet_kv_pool_tokens", "The KV pool the server reports, in tokens",
-           found.get("kv_cache_tokens"))
-    _gauge(lines, "sparkfleet_canary_latency_seconds", "Latency of the one-token canary",
-           found.get("canary_latency_s"))
-    _gauge(lines, "sparkfleet_known_answer_latency_seconds", "Latency of the known-answer canary",
-           found.get("known_answer_latency_s"))
-    _gauge(lines, "sparkfleet_time_to_ready_seconds", "From the group's start (its epoch opening) to serving",
-           status.get("time_to_ready_s"))
-    _gauge(lines, "sparkfleet_group_starts", "Group starts since the serve stage last started the group",
-           status.get("starts"))
-    _gauge(lines, "sparkfleet_group_epoch", "The start (epoch) this verification is of", status.get("epoch"))
+    for name, help_text, part, key in GAUGES:
+        _gauge(lines, name, help_text, (status.get(part) or {} if part else status).get(key))
     return "\n".join(lines) + "\n"
 
 
