@@ -88,7 +88,8 @@ def status_document(result: dict[str, Any], error: Exception | None, expected: d
     }
 
 
-def _gauge(lines: list[str], name: str, help_text: str, value: Any) -> None:
+def gauge(lines: list[str], name: str, help_text: str, value: Any) -> None:
+    """One gauge of a textfile, appended to lines; an unknown (None, non-finite) value is left out."""
     if isinstance(value, bool):
         value = int(value)
     if not isinstance(value, int | float) or not math.isfinite(value):
@@ -116,7 +117,7 @@ def textfile(status: dict[str, Any]) -> str:
     """The status as Prometheus text for node_exporter's textfile collector (parsed back by the tests)."""
     lines: list[str] = []
     for name, help_text, part, key in GAUGES:
-        _gauge(lines, name, help_text, (status.get(part) or {} if part else status).get(key))
+        gauge(lines, name, help_text, (status.get(part) or {} if part else status).get(key))
     return "\n".join(lines) + "\n"
 
 
