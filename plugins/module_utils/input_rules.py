@@ -271,6 +271,7 @@ RULES: Mapping[str, Rule] = {
     "vllm_service_env": ENVIRONMENT,
     "vllm_service_nccl_env_file": ABSOLUTE_PATH,
     "vllm_service_stop_timeout": SECONDS,
+    "vllm_service_drain_timeout": at_least(0, "seconds"),
     "vllm_service_start_limit_burst": between(1, 100, "starts"),
     "vllm_service_start_limit_interval": SECONDS,
     "vllm_service_restart_delay": at_least(0, "seconds"),

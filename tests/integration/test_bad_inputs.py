@@ -141,6 +141,7 @@ CASES = [
     ("log-dir-relative", {"vllm_service_log_dir": "logs/vllm"}, NODES, "vllm_service_log_dir", "'logs/vllm'"),
     ("start-burst-zero", {"vllm_service_start_limit_burst": 0}, NODES, "vllm_service_start_limit_burst", "0"),
     ("stop-timeout-zero", {"vllm_service_stop_timeout": 0}, NODES, "vllm_service_stop_timeout", "0"),
+    ("drain-timeout-negative", {"vllm_service_drain_timeout": -5}, NODES, "vllm_service_drain_timeout", "-5"),
     ("service-env-bad-name", {"vllm_service_env": {"1BAD": "x"}}, NODES, "vllm_service_env", "the names 1BAD"),
     ("service-api-key-newline", {"vllm_service_api_key": "0123456789abcdef\n"}, NODES, "vllm_service_api_key",
      "a secret of 17 characters with a line break"),

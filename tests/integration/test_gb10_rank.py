@@ -68,6 +68,8 @@ def test_head_listens_on_its_management_address_and_is_not_headless(rendered):
     options = " ".join(serve)
     assert "--node-rank 0" in options and "--headless" not in serve
     assert "--host 192.168.1.101" in options and "--port 8888" in options
+    assert "--shutdown-timeout 300" in options  # a stop drains: no new request, those in flight finish
+    assert "--shutdown-timeout" not in command_line(rendered("spark-b", "vllm-launch"))  # the head's engine drains
 
 
 def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendered):
@@ -91,7 +93,9 @@ def test_rank_environment_names_the_fabric_and_keeps_the_key_on_the_head(rendere
 def test_unit_stops_the_container_gently_and_restarts_a_bounded_number_of_times(rendered):
     unit = rendered("spark-b", "sparkfleet-vllm.service")
     assert "Requires=docker.service" in unit
-    assert "ExecStop=/usr/bin/docker stop -t 120 sparkfleet-vllm" in unit
+    # The stop lets the head drain (vLLM's --shutdown-timeout, 300 s) before the 120 s of CUDA teardown.
+    assert "ExecStop=/usr/bin/docker stop -t 420 sparkfleet-vllm" in unit
+    assert "TimeoutStopSec=430" in unit
     assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
     # The group's starts are bounded by the supervisor (3); systemd's limit only catches a crashing supervisor.
     assert "StartLimitBurst=5" in unit and "Restart=always" in unit and "RestartPreventExitStatus=75" in unit

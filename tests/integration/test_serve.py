@@ -17,6 +17,7 @@ from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
 VERIFY = os.path.join(ROOT, "playbooks/verify.yml")
+RESTART = os.path.join(ROOT, "playbooks/restart.yml")
 LOGS = "/var/log/sparkfleet/vllm"
 UNIT = "sparkfleet-vllm.service"
 POOL = 87_296  # tiny-cpu over two ranks: 256 MiB / (2 layers x 6 heads x 256 B) in 682 whole blocks of 128
@@ -331,6 +332,120 @@ def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, l
     ended = next(e for e in group_history(lab) if e["epoch"] == before["epoch"])
     assert ended["rank"] == 0 and "the engine exited" in ended["why"], ended
     assert unit(lab, "node0")["ActiveState"] == "active" and unit(lab, "node0")["NRestarts"] == "0"
+
+
+# A client load from the head's node: THREADS clients, each sending completions of TOKENS tokens (ignore_eos: each
+# one decodes all of them) one after the other until the stop file exists; one JSON line per request.
+LOAD_TOKENS = 160
+LOAD = """
+import json, os, sys, threading, time, urllib.error, urllib.request
+key, url, threads, tokens, stop = sys.stdin.read().split()
+lock = threading.Lock()
+def client():
+    while not os.path.exists(stop):
+        body = json.dumps({"model": "tiny-cpu", "prompt": "Count on:", "max_tokens": int(tokens),
+                           "ignore_eos": True, "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Authorization": "Bearer " + key,
+                                                                           "Content-Type": "application/json"})
+        began, line = time.time(), {}
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                answer = json.load(response)
+            line = {"ok": True, "tokens": answer["usage"]["completion_tokens"],
+                    "finish": answer["choices"][0]["finish_reason"]}
+        except urllib.error.HTTPError as err:
+            line = {"ok": False, "error": f"HTTP {err.code}"}
+        except Exception as err:
+            line = {"ok": False, "error": type(err).__name__}
+        if not line["ok"]:
+            time.sleep(0.5)  # refused or away: a bounded load, not a spin
+        line.update(began=began, ended=time.time())
+        with lock:
+            print(json.dumps(line), flush=True)
+workers = [threading.Thread(target=client) for _ in range(int(threads))]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+"""
+
+
+def running(lab):
+    """vllm:num_requests_running, as the head's /metrics says it now."""
+    url = f"http://{lab_hosts(lab)['node0']['ansible_host']}:8888/metrics"
+    text = on_node(lab, "node0", "python3", "-c", "import sys, urllib.request; "
+                   "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())", url).stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running{"))
+
+
+def client_load(lab, threads=3):
+    """Start the load on the head's node; returns (process, stop file); stop it with stop_load."""
+    stop = "/tmp/sparkfleet-load.stop"
+    on_node(lab, "node0", "rm", "-f", stop)
+    url = f"http://{lab_hosts(lab)['node0']['ansible_host']}:8888"
+    proc = subprocess.Popen(["docker", "exec", "-i", container(lab, "node0"), "python3", "-c", LOAD],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(f"{api_key(lab)} {url} {threads} {LOAD_TOKENS} {stop}")
+    proc.stdin.close()
+    proc.stdin = None  # sent: communicate() only reads from here on
+    return proc, stop
+
+
+def stop_load(lab, load):
+    proc, stop = load
+    on_node(lab, "node0", "touch", stop)
+    out = proc.communicate(timeout=180)[0]
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_restart_drains_the_requests_in_flight_then_restarts_and_verifies_the_group(served, lab, tmp_path):
+    """restart.yml under a client load: --check says what it would drain and stops nothing; the real run drains
+    the head (vLLM's own drain: no request admitted, those in flight finish), stops the worker, starts the group
+    again and verifies it. No request that was answered was cut short; the outage is measured by the load."""
+    before = group_state(lab, "node0")
+    assert before.get("phase") == "ready", before
+    head_engines, worker_engines = engine_pids(lab, "node0"), engine_pids(lab, "node1")
+    load = client_load(lab)
+    try:
+        wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
+        checked = run_playbook(tmp_path / "check", RESTART, inventory=lab["inventory"], cmdline="--check")
+        text = output(checked)
+        assert checked.status == "successful", text[-4000:]
+        text = " ".join(text.split())  # the callback folds long messages
+        assert re.search(r"would drain \d+ running and \d+ waiting requests \(up to 300 s\), stop 2 ranks", text)
+        assert engine_pids(lab, "node0") == head_engines and group_state(lab, "node0")["epoch"] == before["epoch"]
+
+        started = time.monotonic()
+        runner = run_playbook(tmp_path / "restart", RESTART, inventory=lab["inventory"])
+        took = time.monotonic() - started
+        text = output(runner)
+        assert runner.status == "successful", text[-4000:]
+        text = " ".join(text.split())
+        drained = re.search(r"drained (\d+) running and (\d+) waiting requests in flight in ([\d.]+) s \(the head "
+                            r"stopped after ([\d.]+) s\); cut at the 300 s timeout: (\d+)", text)
+        assert drained, text[-4000:]
+        assert int(drained[1]) + int(drained[2]) >= 1 and drained[5] == "0", drained[0]
+        status = wait_for(lab, lambda: verified_again(lab, before["epoch"]), "the group verified again", stall=120)
+        assert serves(lab)
+    finally:
+        requests = stop_load(lab, load)
+    print(f"\nrestart.yml under load: {drained[0]}; the whole play {took:.0f} s")
+    answered = [r for r in requests if r["ok"]]
+    # No answered request was cut short: every one decoded all its tokens (an aborted one ends early).
+    assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
+    failed = [r for r in requests if not r["ok"]]
+    if failed:
+        first_failed = min(r["began"] for r in failed)
+        first_good = min((r["ended"] for r in answered if r["began"] > first_failed), default=None)
+        outage = f"{first_good - first_failed:.0f} s" if first_good else "not over when the load stopped"
+        print(f"outage seen by the load: {outage} (first failed request to the first good one after it); "
+              f"{len(answered)} answered in full, {len(failed)} refused while the group restarted")
+    previous = on_node(lab, "node0", "sh", "-c", f"ls -1t {LOGS}/vllm-boot*.log | sed -n 2p").stdout.strip()
+    assert "[shutdown] EngineCore: draining in-flight requests" in on_node(lab, "node0", "cat", previous).stdout
+    assert status["found"]["known_answer"] == "matched"
+    assert not engine_pids(lab, "node0") & head_engines and not engine_pids(lab, "node1") & worker_engines
+    assert group_state(lab, "node1")["epoch"] == group_state(lab, "node0")["epoch"]
 
 
 def stopped_for_good(lab):

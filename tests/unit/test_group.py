@@ -18,8 +18,14 @@ GROUP = os.path.join(ROOT, "roles/vllm_service/files/sparkfleet-group")
 
 # A stand-in engine: writes its pid and epoch, serves /health (200 unless the flag file says 'sick') on the head.
 ENGINE = r"""
-import http.server, json, os, sys, threading
+import http.server, json, os, signal, sys, threading, time
 workdir, port = sys.argv[1], int(sys.argv[2])
+def drain(_signum, _frame):  # vLLM with --shutdown-timeout: finish what is in flight (drain-seconds), then exit
+    path = os.path.join(workdir, "drain-seconds")
+    time.sleep(float(open(path).read()) if os.path.exists(path) else 0)
+    open(os.path.join(workdir, "drained"), "w").close()
+    os._exit(0)
+signal.signal(signal.SIGTERM, drain)
 with open(os.path.join(workdir, "engine.json"), "w") as handle:
     json.dump({"pid": os.getpid(), "epoch": os.environ["SPARKFLEET_EPOCH"]}, handle)
 class Health(http.server.BaseHTTPRequestHandler):
@@ -272,6 +278,40 @@ def test_a_stop_stops_the_engine_and_says_so(group):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert g.state(0)["phase"] == "stopped" and g.state(1)["phase"] == "stopped"
+
+
+def test_a_stopped_head_drains_while_the_workers_stay_in_its_epoch(group):
+    """The head's rank is stopped while it serves: it says it drains, its engine is given the drain timeout on
+    top of the stop timeout to finish (here 3 s, beyond the 1 s stop timeout), the worker stays in the epoch
+    meanwhile (a tensor-parallel engine needs every rank to finish its requests), and leaves once the head has
+    stopped."""
+    g = group(stop_timeout=1.0, drain_timeout=10.0)
+    g.run()
+    epoch = wait(g.whole, "the group to form")
+    (g.dirs[0] / "drain-seconds").write_text("3")
+    g.supervisors[0].send_signal(signal.SIGTERM)
+    assert wait(lambda: g.state(0).get("phase") == "draining", "the head to say it drains")
+    assert g.state(0)["epoch"] == epoch
+    time.sleep(2.0)  # past the stop timeout: the engine still drains, the worker still runs in the epoch
+    assert g.state(1)["phase"] == "running" and g.state(1)["epoch"] == epoch
+    assert g.supervisors[0].wait(timeout=20) == 0
+    assert (g.dirs[0] / "drained").exists()  # the engine finished by itself: it was not killed
+    assert g.state(0)["phase"] == "stopped"
+    assert wait(lambda: g.state(1).get("phase") == "left", "the worker to leave the epoch") and \
+        g.state(1)["epoch"] == epoch
+
+
+def test_a_group_restart_after_a_failure_does_not_wait_for_the_drain(group):
+    """An engine that would take its whole drain timeout is stopped after the stop timeout when the group restarts
+    because a rank failed: requests that cannot finish are not waited for."""
+    g = group(stop_timeout=1.0, drain_timeout=60.0)
+    g.run()
+    first = wait(g.whole, "the group to form")
+    (g.dirs[0] / "drain-seconds").write_text("60")
+    os.kill(g.engine(1)["pid"], signal.SIGKILL)
+    assert wait(lambda: g.whole_after(first), "the group in a new epoch", limit=20) > first
+    assert not (g.dirs[0] / "drained").exists()
+    (g.dirs[0] / "drain-seconds").unlink()  # the last engine's stop, at the end, drains at once
 
 
 def test_a_worker_never_joins_a_group_that_already_serves(group):
