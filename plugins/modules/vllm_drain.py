@@ -73,7 +73,8 @@ stopped_seconds:
   returned: changed
   type: float
 cut:
-  description: Requests still in flight when the server went away (its timeout passed, or it died).
+  description: Requests still in flight when the server went away (its timeout passed, or it died); null when
+    C(/metrics) never answered.
   returned: changed
   type: int
 active_before:
@@ -129,7 +130,7 @@ def main():
     stop = subprocess.run(["systemctl", "stop", "--no-block", unit], capture_output=True, text=True, check=False)
     if stop.returncode != 0:
         module.fail_json(msg=f"systemctl stop {unit} failed: {stop.stderr.strip()}", **result)
-    last = before or {"running": 0, "waiting": 0}
+    last = before
     drained = None
     deadline = started + module.params["drain_timeout"] + module.params["stop_timeout"] + 30
     while True:
@@ -152,7 +153,8 @@ def main():
     # everything even where the last poll, up to a second before, still saw requests.
     if drained is None and stopped < module.params["drain_timeout"]:
         drained = stopped
-    cut = 0 if drained is not None else last["running"] + last["waiting"]
+    # Unknown (null) when /metrics never answered.
+    cut = 0 if drained is not None else (last["running"] + last["waiting"] if last else None)
     module.exit_json(changed=True, drained_seconds=round(drained if drained is not None else stopped, 1),
                      stopped_seconds=round(stopped, 1), cut=cut, **result)
 
