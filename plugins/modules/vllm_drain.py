@@ -150,7 +150,7 @@ def main():
         time.sleep(0.5)
     stopped = time.monotonic() - started
     # vLLM exits before its timeout only once nothing is left to do, so a stop quicker than the timeout drained
-    # everything even where the last poll, up to a second before, still saw requests.
+    # everything even where the last poll, up to half a second before, still saw requests.
     if drained is None and stopped < module.params["drain_timeout"]:
         drained = stopped
     # Unknown (null) when /metrics never answered.
