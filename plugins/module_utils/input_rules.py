@@ -245,6 +245,12 @@ RULES: Mapping[str, Rule] = {
     "node_memory_reclaim_below_mib": at_least(0, "MiB"),
     # python_venv
     "python_venv_path": ABSOLUTE_PATH,
+    # triage
+    "triage_dir": matching(r"[^\n]+", "a directory on the controller, on one line"),
+    "triage_tail_mib": between(1, 1024, "MiB"),
+    "triage_logs_max_mib": between(1, 16384, "MiB"),
+    "triage_timeout": between(1, 3600, "seconds"),
+    "triage_node_tmp_dir": ABSOLUTE_PATH,
     # verify
     "verify_wait_timeout": SECONDS,
     "verify_ignored_xids": each(XID),

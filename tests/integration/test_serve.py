@@ -5,10 +5,12 @@ The failure cases break the running service the way the field does (an engine pr
 that no longer loads, a client with the wrong key) and look at what sparkfleet reports and does.
 """
 
+import gzip
 import json
 import os
 import re
 import subprocess
+import tarfile
 import time
 
 import pytest
@@ -557,3 +559,67 @@ EOF""")
     assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
     assert int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"]) > worker_started
     assert start_status(lab)["found"]["known_answer"] == "matched"  # the record put back is the model's answer
+
+
+TRIAGE = os.path.join(ROOT, "playbooks/triage.yml")
+# A Hugging Face token the lab never had: given to the play as the inventory would (model_weights_token), and
+# planted where a token leaks in the field (a log line), beside the API key.
+HF_TOKEN = "hf_sparkfleetLabTriageToken0123456789abcd"
+BUNDLE_PARTS = ("system/boot.txt", "units/failed.txt", "journal/sparkfleet-this-boot.txt",
+                "kernel/nvrm-xid.txt", "memory/meminfo.txt", "memory/pressure-memory.txt", "memory/vm-sysctls.txt",
+                "fabric/ip-link.txt", "fabric/ip-addr.txt", "config/vllm.env", "state/group/state.json",
+                "MANIFEST.json", "summary.json")
+
+
+def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
+    """triage.yml on the serving lab, with the API key and a Hugging Face token written into each node's vLLM log
+    (as a debug line would): one .tar.gz per node under one timestamped directory and a SUMMARY.md, nothing
+    changed and nothing left on a node; neither secret in any byte of any bundle, the summary or the play's
+    output - each planted one reads <redacted>."""
+    key = api_key(lab)
+    for node in ("node0", "node1"):
+        on_node(lab, node, "sh", "-c", f"echo 'debug: key={key} token {HF_TOKEN} Bearer {key}' "
+                                       f">> {LOGS}/current.log")
+    started = time.monotonic()
+    runner = run_playbook(tmp_path / "run", TRIAGE, inventory=lab["inventory"],
+                          extravars={"triage_dir": str(tmp_path / "triage"), "model_weights_token": HF_TOKEN})
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert sum(runner.stats.get("changed", {}).values()) == 0, text[-4000:]
+    (run_dir,) = (tmp_path / "triage").iterdir()
+    assert re.fullmatch(r"\d{8}T\d{6}Z", run_dir.name), run_dir
+    assert sorted(path.name for path in run_dir.iterdir()) == ["SUMMARY.md", "node0.tar.gz", "node1.tar.gz"]
+    sizes = {}
+    for node in ("node0", "node1"):
+        path = run_dir / f"{node}.tar.gz"
+        sizes[node] = path.stat().st_size
+        assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
+        members = {}
+        with tarfile.open(path) as bundle:
+            for info in bundle.getmembers():
+                assert info.isfile() and info.name.startswith(f"{node}/"), info.name
+                members[info.name.removeprefix(f"{node}/")] = bundle.extractfile(info).read()
+        assert set(BUNDLE_PARTS) <= set(members), sorted(set(BUNDLE_PARTS) - set(members))
+        logs = [name for name in members if name.startswith("logs/vllm/vllm-boot")]
+        assert logs, sorted(members)
+        everything = gzip.decompress(path.read_bytes())
+        for secret in (key, HF_TOKEN):
+            assert secret.encode() not in everything, (node, secret[:6])
+            assert all(secret.encode() not in data for data in members.values())
+        newest = max(logs)
+        assert b"debug: key=<redacted> token <redacted> Bearer <redacted>" in members[newest], newest
+        manifest = json.loads(members["MANIFEST.json"])
+        assert manifest["node"] == node
+        summary = json.loads(members["summary.json"])
+        assert summary["group"]["phase"] == "ready", summary["group"]
+        # the node keeps nothing of it
+        assert on_node(lab, node, "sh", "-c", "ls -d /var/tmp/sparkfleet-triage-* 2>/dev/null",
+                       check=False).stdout.strip() == ""
+    page = (run_dir / "SUMMARY.md").read_text()
+    assert "2 of 2 node(s) collected" in page and "| node0 | node1 |" in page, page[:2000]
+    verify_row = r"^\| last verify \| ok, epoch \d+, [^|]+ \| none \(a worker: the head verifies\) \|$"
+    assert re.search(verify_row, page, re.M), page[:3000]
+    for secret in (key, HF_TOKEN):
+        assert secret not in page and secret not in text
+    report("triage of the serving group -> one bundle per node", time.monotonic() - started)
+    print("triage bundles: " + ", ".join(f"{node} {size / 1024:.0f} KiB" for node, size in sizes.items()))
