@@ -6,6 +6,9 @@
   hoststate.py snapshot DIR   record the live sysctls, the zram device, the role's files and packages
   hoststate.py restore DIR    put all of it back, end the detached watchdog, and prove the result equals
                               the snapshot (exit 1 naming every difference)
+  hoststate.py compare DIR    after teardown.yml's role ran: exit 1 naming every difference from the snapshot in
+                              what teardown puts back (the sysctls, zram's swap and size, the role's files and
+                              directories but the logs it keeps); changes nothing
   hoststate.py show           print the state as JSON
 
 Only what the role touches is recorded: the files it writes (restored with their mode, owner and content, or
@@ -40,6 +43,7 @@ FILES = [
     "/var/lib/prometheus/node-exporter/sparkfleet_watchdog.prom",
     "/run/sparkfleet/watchdog.pid",
     "/var/log/sparkfleet/watchdog.log",
+    "/var/lib/sparkfleet/node/before.json",
 ]
 # ... and the directories it may create: removed afterwards only when they did not exist before, deepest first.
 DIRECTORIES = [
@@ -48,6 +52,8 @@ DIRECTORIES = [
     "/var/lib/prometheus",
     "/run/sparkfleet",
     "/var/log/sparkfleet",
+    "/var/lib/sparkfleet/node",
+    "/var/lib/sparkfleet",
 ]
 PIDFILE = "/run/sparkfleet/watchdog.pid"
 WATCHDOG = "/usr/local/libexec/sparkfleet/watchdog"
@@ -190,6 +196,31 @@ def restore(directory):
     return 0
 
 
+# What teardown keeps on purpose (docs/day2.md): the logs, for a triage; the node exporter's directory.
+TEARDOWN_KEEPS = {"/var/log/sparkfleet/watchdog.log", "/var/log/sparkfleet", "/var/lib/prometheus/node-exporter",
+                  "/var/lib/prometheus"}
+
+
+def compare(directory):
+    """The teardown role's work against the snapshot: what it must have put back, and nothing else."""
+    with open(os.path.join(directory, "state.json"), encoding="utf-8") as handle:
+        before = json.load(handle)
+    after = state()
+    differences = [f"{section}: {key}: was {before[section][key]!r}, now {after[section][key]!r}"
+                   for section in ("sysctl", "files", "directories") for key in before[section]
+                   if key not in TEARDOWN_KEEPS and before[section][key] != after[section][key]]
+    # zram: back out of swap at its size before (a device teardown reset is left loaded, empty)
+    was, now = before["zram"] or {"disksize": 0, "swap": None}, after["zram"] or {"disksize": 0, "swap": None}
+    for key in ("disksize", "swap"):
+        if was[key] != now[key]:
+            differences.append(f"zram: {key}: was {was[key]!r}, now {now[key]!r}")
+    if differences:
+        print("teardown did not put the host back:\n  " + "\n  ".join(differences), file=sys.stderr)
+        return 1
+    print(f"teardown put the host back: {json.dumps(after)}")
+    return 0
+
+
 def main(argv):
     if argv[:1] == ["show"]:
         print(json.dumps(state()))
@@ -197,6 +228,8 @@ def main(argv):
     if len(argv) == 2 and argv[0] == "snapshot":
         snapshot(argv[1])
         return 0
+    if len(argv) == 2 and argv[0] == "compare":
+        return compare(argv[1])
     if len(argv) == 2 and argv[0] == "restore":
         if not os.path.exists(os.path.join(argv[1], "state.json")):
             print(f"no snapshot in {argv[1]}: nothing to restore")

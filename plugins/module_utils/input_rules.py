@@ -150,6 +150,7 @@ SYSCTLS = Rule("a mapping of sysctl names (vm.swappiness) to whole numbers such 
 CLUSTER_HOST = Rule("the name of a host in group sparkfleet_cluster",
                     lambda value, ctx: value in ctx.hosts)
 AUTO_TRUE_FALSE = Rule("auto (in lower case), or true or false", _auto_or_bool)
+TRUE_FALSE = Rule("true or false", lambda value, _ctx: value != "auto" and _auto_or_bool(value))
 # An API key travels in an HTTP header as a Bearer token: printable ASCII without spaces or line breaks.
 API_KEY = matching(r"[!-~]{1,4096}", "printable ASCII characters without spaces or line breaks "
                                      "(ansible-vault encrypt_string -n ... keeps a trailing newline out)")
@@ -245,6 +246,10 @@ RULES: Mapping[str, Rule] = {
     "node_memory_reclaim_below_mib": at_least(0, "MiB"),
     # python_venv
     "python_venv_path": ABSOLUTE_PATH,
+    # teardown
+    "teardown_weights": TRUE_FALSE,
+    "teardown_keep_images": TRUE_FALSE,
+    "teardown_allow_partial": TRUE_FALSE,
     # triage
     "triage_dir": matching(r"[^\n]+", "a directory on the controller, on one line"),
     "triage_tail_mib": between(1, 1024, "MiB"),

@@ -10,7 +10,7 @@ through the redaction (module_utils/redaction.py) before it is written, and the 
 journals and command outputs keep their last ``tail_bytes``; the vLLM per-start logs of a node together at most
 ``logs_max_bytes`` (this boot's newest first, then the previous boot's).
 
-The bundle is ``<name>.tar.gz`` holding ``<name>/...`` (see MEMBERS in docs/triage.md) with ``MANIFEST.json`` (every
+The bundle is ``<name>.tar.gz`` holding ``<name>/...`` (see MEMBERS in docs/day2.md) with ``MANIFEST.json`` (every
 member: its source, bytes kept and in all, whether cut, redactions; every item missing or skipped, and why) and
 ``summary.json`` (the figures SUMMARY.md shows) last.
 """

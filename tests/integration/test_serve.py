@@ -586,7 +586,8 @@ def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
     assert sum(runner.stats.get("changed", {}).values()) == 0, text[-4000:]
-    (run_dir,) = (tmp_path / "triage").iterdir()
+    (run_dir,) = [path for path in (tmp_path / "triage").iterdir() if path.is_dir()]
+    assert (tmp_path / "triage" / ".gitignore").read_text().splitlines()[-1] == "*"  # bundles never go to git
     assert re.fullmatch(r"\d{8}T\d{6}Z", run_dir.name), run_dir
     assert sorted(path.name for path in run_dir.iterdir()) == ["SUMMARY.md", "node0.tar.gz", "node1.tar.gz"]
     sizes = {}
@@ -623,3 +624,52 @@ def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
         assert secret not in page and secret not in text
     report("triage of the serving group -> one bundle per node", time.monotonic() - started)
     print("triage bundles: " + ", ".join(f"{node} {size / 1024:.0f} KiB" for node, size in sizes.items()))
+
+
+TEARDOWN = os.path.join(ROOT, "playbooks/teardown.yml")
+WEIGHTS_MARKER = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu/.sparkfleet-verified.json"
+INSTALLED = ("/etc/sparkfleet", "/opt/sparkfleet", "/usr/local/libexec/sparkfleet", "/usr/local/lib/sparkfleet",
+             "/var/lib/sparkfleet/verify", "/var/lib/sparkfleet/group", "/etc/netplan/40-sparkfleet-fabric.yaml")
+
+
+def installed(lab, node):
+    """What of sparkfleet's install is on the node: its units (not the lab's own), paths, user, table, names."""
+    script = ("systemctl list-unit-files --no-legend --plain 'sparkfleet-*' | awk '{print $1}'"
+              " | grep -v '^sparkfleet-lab-';"
+              f" for p in {' '.join(INSTALLED)}; do test -e $p && echo $p; done;"
+              " getent passwd sparkfleet-vllm >/dev/null && echo user;"
+              " nft list tables | grep -qw sparkfleet && echo nft;"
+              " grep -q 'sparkfleet fabric' /etc/hosts && echo hosts; true")
+    return on_node(lab, node, "sh", "-c", script).stdout.split()
+
+
+def test_teardown_removes_what_sparkfleet_installed_and_a_second_run_changes_nothing(served, lab, tmp_path):
+    """teardown.yml on the serving lab (the last test of its chain): refused with --limit on part of the group
+    (nothing changed); --check changes nothing; then every unit, file, address, name, table and the service user
+    go, the weights and the logs stay, the fabric addresses are off their links, port 8888 is closed; a second
+    run changes nothing."""
+    hosts = lab_hosts(lab)
+    before = {node: installed(lab, node) for node in ("node0", "node1")}
+    assert "sparkfleet-vllm.service" in before["node0"] and "user" in before["node1"], before
+    runner = run_playbook(tmp_path / "partial", TEARDOWN, inventory=lab["inventory"], cmdline="--limit node1")
+    assert runner.status == "failed" and "teardown_allow_partial: found this run limited to node1" in output(runner)
+    runner = run_playbook(tmp_path / "check", TEARDOWN, inventory=lab["inventory"], cmdline="--check")
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert {node: installed(lab, node) for node in before} == before
+    assert serves(lab)
+    started = time.monotonic()
+    runner = run_playbook(tmp_path / "first", TEARDOWN, inventory=lab["inventory"])
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    report("teardown of the serving group", time.monotonic() - started)
+    for node in ("node0", "node1"):
+        assert installed(lab, node) == [], (node, installed(lab, node))
+        assert on_node(lab, node, "test", "-s", WEIGHTS_MARKER, check=False).returncode == 0  # weights kept
+        assert on_node(lab, node, "test", "-d", LOGS, check=False).returncode == 0  # logs kept for triage
+        fabric = hosts[node]["sparkfleet_fabric_address"]
+        assert f"inet {fabric}/" not in on_node(lab, node, "ip", "-o", "addr", "show").stdout, node
+        assert on_node(lab, node, "pgrep", "-f", "vllm", check=False).returncode == 1, node
+    assert not serves(lab)
+    again = run_playbook(tmp_path / "second", TEARDOWN, inventory=lab["inventory"])
+    assert again.status == "successful", output(again)[-4000:]
+    assert sum(again.stats.get("changed", {}).values()) == 0, output(again)[-4000:]
