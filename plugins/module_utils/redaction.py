@@ -94,7 +94,7 @@ def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-    return [(start, end) for start, end in merged]
+    return [(span[0], span[1]) for span in merged]
 
 
 class Redactor:

@@ -201,12 +201,12 @@ def parse_psi(text: str) -> dict[str, dict[str, float]]:
     """/proc/pressure/<resource>: {"some": {"avg10": .., "avg60": .., "avg300": .., "total": ..}, "full": {..}}."""
     found: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
-        kind, _, rest = line.strip().partition(" ")
+        kind, _sep, rest = line.strip().partition(" ")
         if kind not in ("some", "full"):
             continue
         values = {}
         for pair in rest.split():
-            name, _, value = pair.partition("=")
+            name, _sep, value = pair.partition("=")
             try:
                 values[name] = float(value)
             except ValueError:
@@ -519,8 +519,8 @@ def _journal(bundle: Bundle) -> None:
 
 
 def _kernel(bundle: Bundle) -> None:
-    source, result = "journalctl -k -b", bundle.run(["journalctl", "-k", "-b", "--no-pager", "-o", "short-iso", "-q"],
-                                                     grep=KERNEL_LINE)
+    source = "journalctl -k -b"
+    result = bundle.run(["journalctl", "-k", "-b", "--no-pager", "-o", "short-iso", "-q"], grep=KERNEL_LINE)
     journal_why = result.why or first_line(result.error) or "no kernel line for this boot"
     if result.rc != 0 or result.total == 0:
         source = "dmesg"

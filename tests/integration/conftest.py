@@ -260,10 +260,21 @@ def pytest_collection_finish(session):
 
 
 GROUP_SECONDS = {}  # group -> [seconds of setup, call and teardown added up, tests, workers seen]
+NOTES = []  # figures a fixture measured, on its worker, until the next report carries them to the controller
+NOTES_SEEN = []  # on the controller: every note, for the summary
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    while NOTES:
+        report.user_properties.append(("sparkfleet-note", NOTES.pop(0)))
 
 
 def pytest_runtest_logreport(report):
     """Each group's time as the run's reports (on the controller, from every worker) tell it."""
+    NOTES_SEEN.extend(value for key, value in report.user_properties if key == "sparkfleet-note")
     name = module_of(report.nodeid)
     entry = GROUP_SECONDS.setdefault(MODULE_GROUPS.get(name, name), [0.0, 0, set()])
     entry[0] += report.duration
@@ -278,6 +289,8 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("time by group of tests (a group runs on one worker)")
     for group, (seconds, tests, workers) in sorted(GROUP_SECONDS.items(), key=lambda item: -item[1][0]):
         terminalreporter.write_line(f"{seconds:8.0f} s  {tests:4d} tests  {','.join(sorted(workers)):8s} {group}")
+    for note in NOTES_SEEN:
+        terminalreporter.write_line(note)
 
 
 @pytest.hookimpl(trylast=True)
@@ -321,7 +334,19 @@ def site(lab):
     code, text = molecule(lab, ["test", "-s", "site", "--destroy", "never"], lab["base"])
     if code != 0:
         pytest.fail(f"molecule's site scenario failed on the lab (exit {code}):\n{text[-8000:]}")
+    NOTES.append(f"molecule site scenario on the lab: {molecule_step_times(text)}")
     return text
+
+
+def molecule_step_times(text):
+    """Each step's playbook time, from the timer callback's line in molecule's output ("check 71 s, ...")."""
+    times = []
+    for step, body in re.findall(r"\[site > (\w+)\] Executing\n(.*?)\[site > \1\] Executed", text, re.S):
+        took = re.search(r"Playbook run took (\d+) days, (\d+) hours, (\d+) minutes, (\d+) seconds", body)
+        if took:
+            days, hours, minutes, seconds = (int(part) for part in took.groups())
+            times.append(f"{step} {((days * 24 + hours) * 60 + minutes) * 60 + seconds} s")
+    return ", ".join(times) or "(no timer lines)"
 
 
 def inventory_copy(lab, tmp_path):

@@ -221,10 +221,14 @@ def test_lab_then_site_again_change_nothing_and_restart_nothing(served, lab):
         assert len(starts) == 1 and unit(lab, node)["NRestarts"] == "0", (node, starts, unit(lab, node))
 
 
-def test_a_restarted_worker_node_heals_the_group_and_the_next_converge_restarts_nothing(served, lab, tmp_path):
+def test_a_restarted_worker_node_heals_the_group_and_a_check_run_finds_nothing_to_restart(served, lab, tmp_path):
     """The worker's whole node restarts (its container, as a reboot would): the head's engine loses its peer and
-    exits, systemd starts both ranks again, the group forms by itself - no Ansible. The serve stage run after it
-    finds a serving group and restarts nothing, however many restarts the group took to heal."""
+    exits, systemd starts both ranks again, the group forms by itself - no Ansible. Then every stage in check mode
+    on the healed group: nothing would change or restart, however many restarts the group took to heal (the
+    serve stage decides a restart in check mode as in a converge, and reports it as a change), the running
+    service is verified, and the one cluster plan is made once (the profile loaded once, the capacity planned
+    once) and read by every stage. (The converge after a converge restarting nothing is molecule's idempotence
+    step.)"""
     assert serves(lab)
     epoch = group_state(lab, "node0")["epoch"]
     started = time.monotonic()
@@ -235,10 +239,14 @@ def test_a_restarted_worker_node_heals_the_group_and_the_next_converge_restarts_
     report("worker node restart -> verified service without Ansible", time.monotonic() - started)
     assert serves(lab)
     pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
-    runner = run_playbook(tmp_path / "serve", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve")
+    trace = tmp_path / "trace"
+    runner = run_playbook(tmp_path / "check", SITE, inventory=lab["inventory"], cmdline="--check",
+                          envvars={"SPARKFLEET_TRACE": str(trace)})
     text = output(runner)
     assert runner.status == "successful", text[-4000:]
-    assert sum(runner.stats.get("changed", {}).values()) == 0, text[-4000:]
+    assert runner.stats["changed"] == {}, text[-4000:]
+    assert "verified: tiny-cpu" in text
+    assert trace.read_text().splitlines() == ["profile tiny-cpu", "plan tiny-cpu"]
     assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == pids
     assert serves(lab)
 
@@ -272,19 +280,6 @@ def test_a_shard_changed_in_place_is_found_repaired_and_the_group_restarts_on_it
     assert all(unit(lab, node)["MainPID"] != pids[node] for node in pids), (pids, text[-3000:])
     assert "verified: tiny-cpu" in text
     assert runner.stats["changed"].get("node1", 0) > 0
-
-
-def test_check_mode_verifies_the_running_service_and_reports_no_drift(served, lab, tmp_path):
-    """Every stage, in check mode, on the serving lab: nothing would change, and the one cluster plan is made once
-    (the profile loaded once, the capacity planned once) and read by every stage."""
-    trace = tmp_path / "trace"
-    runner = run_playbook(tmp_path / "run", SITE, inventory=lab["inventory"], cmdline="--check",
-                          envvars={"SPARKFLEET_TRACE": str(trace)})
-    text = output(runner)
-    assert runner.status == "successful", text[-4000:]
-    assert runner.stats["changed"] == {}
-    assert "verified: tiny-cpu" in text
-    assert trace.read_text().splitlines() == ["profile tiny-cpu", "plan tiny-cpu"]
 
 
 def test_a_wrong_api_key_is_reported_as_such(served, lab, tmp_path):
@@ -503,64 +498,6 @@ def test_a_wrong_known_answer_stops_the_group_says_why_and_scrubs_the_weights(se
         on_node(lab, "node0", "mv", f"{record}.orig", record, check=False)
 
 
-def test_a_rendezvous_that_never_completes_is_bounded_and_every_rank_stays_stopped(served, lab, tmp_path):
-    """The head drops everything from the worker's fabric address but the group agents' port: both ranks start,
-    the worker's engine never reaches the head's rendezvous. With a ready deadline of 40 s and a start limit of
-    2 (changed settings: the serve stage restarts the group), the group starts twice, then every rank stays
-    stopped and each node's marker says which rank failed first and why. The serve stage run again (with the
-    preflight before it and the verification after it, as site.yml runs them) reports the marker, clears it,
-    starts every rank and verifies the group serves."""
-    worker = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
-    table = "sparkfleet_drill"
-    # The agents' traffic both ways (to the head's agent, and the answers of the worker's), then nothing else.
-    on_node(lab, "node0", "sh", "-c", f"""nft -f - <<'EOF'
-table inet {table} {{
-  chain input {{
-    type filter hook input priority -10; policy accept;
-    ip saddr {worker} tcp dport 29530 accept
-    ip saddr {worker} tcp sport 29530 accept
-    ip saddr {worker} drop
-  }}
-}}
-EOF""")
-    try:
-        started = time.monotonic()
-        runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
-                              extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2,
-                                         "vllm_service_ready_timeout": 40, "vllm_service_stop_timeout": 20})
-        assert runner.status == "successful", output(runner)[-4000:]  # the units start; the group cannot form
-
-        def gave_up():
-            # an unbounded loop keeps the group moving: it fails here, at once, instead of waiting for no progress
-            starts = len(group_history(lab))
-            assert starts <= 2, f"the group started {starts} times: the start limit of 2 starts did not stop it"
-            return stopped_for_good(lab)
-
-        wait_for(lab, gave_up, "every rank to stop restarting")
-        print(f"\nrendezvous that never completes -> every rank stopped, with the marker: "
-              f"{time.monotonic() - started:.0f} s")
-        assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
-        head = marker(lab, "node0")
-        assert "hit the start limit of 2 starts" in head, head
-        assert re.search(r"the first failure: rank [01] \(node[01]\): ", head), head
-        assert "not serving within 40 s" in head or "left epoch" in head, head
-        assert "fix: read the log; then run the serve stage again" in head
-        assert "the head gave up" in marker(lab, "node1")
-        time.sleep(5)
-        assert stopped_for_good(lab) and len(group_history(lab)) == 2  # it stays stopped: no loop
-    finally:
-        on_node(lab, "node0", "nft", "delete", "table", "inet", table, check=False)
-    worker_started = int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"])
-    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve,verify")
-    text = output(runner)
-    assert runner.status == "successful", text[-4000:]
-    assert "sparkfleet-vllm gave up at" in text
-    assert "verified: tiny-cpu" in text
-    assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
-    assert int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"]) > worker_started
-    assert start_status(lab)["found"]["known_answer"] == "matched"  # the record put back is the model's answer
-
-
 TRIAGE = os.path.join(ROOT, "playbooks/triage.yml")
 # A Hugging Face token the lab never had: given to the play as the inventory would (model_weights_token), and
 # planted where a token leaks in the field (a log line), beside the API key.
@@ -572,10 +509,11 @@ BUNDLE_PARTS = ("system/boot.txt", "units/failed.txt", "journal/sparkfleet-this-
 
 
 def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
-    """triage.yml on the serving lab, with the API key and a Hugging Face token written into each node's vLLM log
-    (as a debug line would): one .tar.gz per node under one timestamped directory and a SUMMARY.md, nothing
-    changed and nothing left on a node; neither secret in any byte of any bundle, the summary or the play's
-    output - each planted one reads <redacted>."""
+    """triage.yml on the group the wrong known answer stopped for good (what a triage is for), with the API key
+    and a Hugging Face token written into each node's vLLM log (as a debug line would): one .tar.gz per node under
+    one timestamped directory and a SUMMARY.md that says the group gave up and why, nothing changed and nothing
+    left on a node; neither secret in any byte of any bundle, the summary or the play's output - each planted
+    one reads <redacted>. The next test's converge starts the group again."""
     key = api_key(lab)
     for node in ("node0", "node1"):
         on_node(lab, node, "sh", "-c", f"echo 'debug: key={key} token {HF_TOKEN} Bearer {key}' "
@@ -612,18 +550,79 @@ def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
         manifest = json.loads(members["MANIFEST.json"])
         assert manifest["node"] == node
         summary = json.loads(members["summary.json"])
-        assert summary["group"]["phase"] == "ready", summary["group"]
+        assert summary["group"]["phase"] == "gave-up", summary["group"]
+        assert summary["gave_up"], node  # the marker's first line
         # the node keeps nothing of it
         assert on_node(lab, node, "sh", "-c", "ls -d /var/tmp/sparkfleet-triage-* 2>/dev/null",
                        check=False).stdout.strip() == ""
     page = (run_dir / "SUMMARY.md").read_text()
     assert "2 of 2 node(s) collected" in page and "| node0 | node1 |" in page, page[:2000]
-    verify_row = r"^\| last verify \| ok, epoch \d+, [^|]+ \| none \(a worker: the head verifies\) \|$"
-    assert re.search(verify_row, page, re.M), page[:3000]
+    rows = {"last verify": r"FAILED \(known_answer\), epoch \d+, .* \| none \(a worker: the head verifies\)",
+            "group": r"gave-up, epoch \d+, rank 0.* \| gave-up, epoch \d+, rank 1.*"}
+    for row, cells in rows.items():
+        assert re.search(rf"^\| {row} \| {cells} \|$", page, re.M), (row, page[:3000])
     for secret in (key, HF_TOKEN):
         assert secret not in page and secret not in text
     report("triage of the serving group -> one bundle per node", time.monotonic() - started)
     print("triage bundles: " + ", ".join(f"{node} {size / 1024:.0f} KiB" for node, size in sizes.items()))
+
+
+def test_a_rendezvous_that_never_completes_is_bounded_and_every_rank_stays_stopped(served, lab, tmp_path):
+    """The head drops everything from the worker's fabric address but the group agents' port: both ranks start,
+    the worker's engine never reaches the head's rendezvous. With a ready deadline of 30 s and a start limit of
+    2 (changed settings: the serve stage restarts the group), the group starts twice, then every rank stays
+    stopped and each node's marker says which rank failed first and why. The serve stage run again (with the
+    preflight before it and the verification after it, as site.yml runs them) reports the marker, clears it,
+    starts every rank and verifies the group serves."""
+    worker = lab_hosts(lab)["node1"]["sparkfleet_fabric_address"]
+    table = "sparkfleet_drill"
+    # The agents' traffic both ways (to the head's agent, and the answers of the worker's), then nothing else.
+    on_node(lab, "node0", "sh", "-c", f"""nft -f - <<'EOF'
+table inet {table} {{
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    ip saddr {worker} tcp dport 29530 accept
+    ip saddr {worker} tcp sport 29530 accept
+    ip saddr {worker} drop
+  }}
+}}
+EOF""")
+    try:
+        started = time.monotonic()
+        runner = run_playbook(tmp_path / "serve", SERVE, inventory=lab["inventory"],
+                              extravars={"vllm_service_restart_delay": 1, "vllm_service_start_limit_burst": 2,
+                                         "vllm_service_ready_timeout": 30, "vllm_service_stop_timeout": 15})
+        assert runner.status == "successful", output(runner)[-4000:]  # the units start; the group cannot form
+
+        def gave_up():
+            # an unbounded loop keeps the group moving: it fails here, at once, instead of waiting for no progress
+            starts = len(group_history(lab))
+            assert starts <= 2, f"the group started {starts} times: the start limit of 2 starts did not stop it"
+            return stopped_for_good(lab)
+
+        wait_for(lab, gave_up, "every rank to stop restarting")
+        print(f"\nrendezvous that never completes -> every rank stopped, with the marker: "
+              f"{time.monotonic() - started:.0f} s")
+        assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
+        head = marker(lab, "node0")
+        assert "hit the start limit of 2 starts" in head, head
+        assert re.search(r"the first failure: rank [01] \(node[01]\): ", head), head
+        assert "not serving within 30 s" in head or "left epoch" in head, head
+        assert "fix: read the log; then run the serve stage again" in head
+        assert "the head gave up" in marker(lab, "node1")
+        time.sleep(5)
+        assert stopped_for_good(lab) and len(group_history(lab)) == 2  # it stays stopped: no loop
+    finally:
+        on_node(lab, "node0", "nft", "delete", "table", "inet", table, check=False)
+    worker_started = int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"])
+    runner = run_playbook(tmp_path / "site", SITE, inventory=lab["inventory"], cmdline="--tags preflight,serve,verify")
+    text = output(runner)
+    assert runner.status == "successful", text[-4000:]
+    assert "sparkfleet-vllm gave up at" in text
+    assert "verified: tiny-cpu" in text
+    assert on_node(lab, "node0", "test", "-e", "/var/lib/sparkfleet/vllm/gave-up", check=False).returncode == 1
+    assert int(unit(lab, "node1")["ExecMainStartTimestampMonotonic"]) > worker_started
+    assert start_status(lab)["found"]["known_answer"] == "matched"  # the record put back is the model's answer
 
 
 TEARDOWN = os.path.join(ROOT, "playbooks/teardown.yml")

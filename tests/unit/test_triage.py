@@ -74,7 +74,7 @@ def test_a_tail_whose_cut_falls_into_a_secret_keeps_no_part_of_it():
     assert clean == b"line two\nline three " + REDACTED + b"\n" and count == 1
     # a cut inside a redacted place moves past it
     data = b"a " + KEY.encode() + b"b\n"
-    clean, _ = redact(data, cut=4)
+    clean, _count = redact(data, cut=4)
     assert KEY[2:].encode() not in clean
 
 
@@ -86,7 +86,7 @@ def test_env_text_is_redacted_by_name():
                      b"hf_token=<redacted>\nNCCL_IB_HCA=mlx5_0\nTOKENIZERS_PARALLELISM=false\nEMPTY_KEY=\n")
     assert count == 4
     # systemctl show's and docker inspect's inline forms
-    clean, _ = redact(b'Environment=A=b HF_TOKEN=zzz C=d\n"Env": ["PATH=/bin", "API_KEY=qqq"]', (), kind="env")
+    clean, _count = redact(b'Environment=A=b HF_TOKEN=zzz C=d\n"Env": ["PATH=/bin", "API_KEY=qqq"]', (), kind="env")
     assert clean == b'Environment=A=b HF_TOKEN=<redacted> C=d\n"Env": ["PATH=/bin", "API_KEY=<redacted>"]'
     # outside environment text a name alone redacts nothing (a log's "max_num_batched_tokens=2048" stays)
     assert redact(b"max_num_batched_tokens=2048 tokenizer=/x", ())[1] == 0
