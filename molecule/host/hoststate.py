@@ -189,10 +189,15 @@ def restore(directory):
     for key in ("zram", "zram_module"):
         if before[key] != after[key]:
             differences.append(f"{key}: was {before[key]}, now {after[key]}")
+    return verdict(differences, after, "host state not restored", "host state restored")
+
+
+def verdict(differences, after, failed, passed):
+    """Exit status 1 naming every difference, or 0 with the state found."""
     if differences:
-        print("host state not restored:\n  " + "\n  ".join(differences), file=sys.stderr)
+        print(f"{failed}:\n  " + "\n  ".join(differences), file=sys.stderr)
         return 1
-    print(f"host state restored: {json.dumps(after)}")
+    print(f"{passed}: {json.dumps(after)}")
     return 0
 
 
@@ -214,11 +219,7 @@ def compare(directory):
     for key in ("disksize", "swap"):
         if was[key] != now[key]:
             differences.append(f"zram: {key}: was {was[key]!r}, now {now[key]!r}")
-    if differences:
-        print("teardown did not put the host back:\n  " + "\n  ".join(differences), file=sys.stderr)
-        return 1
-    print(f"teardown put the host back: {json.dumps(after)}")
-    return 0
+    return verdict(differences, after, "teardown did not put the host back", "teardown put the host back")
 
 
 def main(argv):
