@@ -503,7 +503,7 @@ TRIAGE = os.path.join(ROOT, "playbooks/triage.yml")
 # planted where a token leaks in the field (a log line), beside the API key.
 HF_TOKEN = "hf_sparkfleetLabTriageToken0123456789abcd"
 BUNDLE_PARTS = ("system/boot.txt", "units/failed.txt", "journal/sparkfleet-this-boot.txt",
-                "kernel/nvrm-xid.txt", "memory/meminfo.txt", "memory/pressure-memory.txt", "memory/vm-sysctls.txt",
+                "memory/meminfo.txt", "memory/pressure-memory.txt", "memory/vm-sysctls.txt",
                 "fabric/ip-link.txt", "fabric/ip-addr.txt", "config/vllm.env", "state/group/state.json",
                 "MANIFEST.json", "summary.json")
 
@@ -552,6 +552,9 @@ def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
         summary = json.loads(members["summary.json"])
         assert summary["group"]["phase"] == "gave-up", summary["group"]
         assert summary["gave_up"], node  # the marker's first line
+        # a lab node's kernel log is the host's: the bundle says so instead of leaving it out silently
+        assert any(item["item"] == "kernel" and "the kernel is the host's" in item["why"]
+                   for item in summary["missing"]), summary["missing"]
         # the node keeps nothing of it
         assert on_node(lab, node, "sh", "-c", "ls -d /var/tmp/sparkfleet-triage-* 2>/dev/null",
                        check=False).stdout.strip() == ""
