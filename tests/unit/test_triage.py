@@ -10,6 +10,7 @@ import sys
 import tarfile
 import time
 
+import ansible
 import pytest
 from conftest import ROOT
 
@@ -434,13 +435,22 @@ def test_run_capped_keeps_the_tail_and_the_matching_lines_of_a_real_command():
     assert triage.run_capped(["no-such-program-here"], 10, 1).not_found
 
 
+def module_env():
+    """The environment a module runs in as a script: the collections root this test imports the collection from
+    (a checkout's collections/ under pytest, ansible-test's own copy under ansible-test units)."""
+    package = os.path.abspath(triage.__file__)
+    paths = [package[:package.rindex("/ansible_collections/")], os.path.dirname(os.path.dirname(ansible.__file__)),
+             os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in paths if path))
+
+
 def test_the_module_collects_on_this_machine_and_changes_nothing(tmp_path):
     """triage_bundle as Ansible runs it, on whatever machine runs the tests: it returns, never raises."""
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
         "name": "here", "dest": str(tmp_path), "secrets": [KEY], "tail_mib": 1, "timeout": 20,
         "_ansible_check_mode": True}}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "collections"))
+    env = module_env()
     done = subprocess.run([sys.executable, os.path.join(ROOT, "plugins/modules/triage_bundle.py"), str(args)],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     result = json.loads(done.stdout)
@@ -453,7 +463,7 @@ def test_the_module_collects_on_this_machine_and_changes_nothing(tmp_path):
 def test_the_module_refuses_bad_options_in_one_line(tmp_path):
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"name": "node0", "dest": str(tmp_path / "nope")}}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "collections"))
+    env = module_env()
     done = subprocess.run([sys.executable, os.path.join(ROOT, "plugins/modules/triage_bundle.py"), str(args)],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     result = json.loads(done.stdout)
