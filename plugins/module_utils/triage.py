@@ -827,7 +827,9 @@ def summary_rows(facts: dict[str, Any], size: int, members: int, missing: list[d
     rows = {
         "bundle": f"{human_bytes(size)}, {members} files",
         "units": _units_row(facts.get("units") or []),
-        "group": (f"{group.get('phase')}, epoch {group.get('epoch')}, rank {group.get('rank')}"
+        "group": (f"{group.get('phase')}"
+                  + (f", epoch {group['epoch']}" if group.get("epoch") is not None else "")  # none once it gave up
+                  + f", rank {group.get('rank')}"
                   + (f": {group['why']}" if group.get("why") else "") if "absent" not in group
                   else f"no state.json ({group['absent']})"),
         "last verify": _verify_row(facts.get("verify") or {"absent": "absent"}, group.get("rank")),

@@ -178,6 +178,8 @@ def test_the_summary_says_what_the_verification_found():
     assert ok["last verify"] == "ok, epoch 3, 1970-01-01 00:00:00 UTC" and ok["group"] == "ready, epoch 3, rank 0"
     failed = rows(verify={"ok": False, "failed": "pool", "epoch": 4, "checked_at": 0, "why": "found a pool | x\ny"})
     assert failed["last verify"].startswith("FAILED (pool), epoch 4, 1970-01-01 00:00:00 UTC: found a pool \\| x y")
+    gave_up = rows(group={"phase": "gave-up", "epoch": None, "rank": 1, "why": "the head gave up"})
+    assert gave_up["group"] == "gave-up, rank 1: the head gave up"  # a group that gave up has no epoch
     worker = rows(group={"phase": "running", "epoch": 3, "rank": 1})
     assert worker["last verify"] == "none (a worker: the head verifies)"
     assert rows()["last verify"] == "none (status.json absent)"
