@@ -178,6 +178,9 @@ def restore(directory):
     for path in DIRECTORIES:  # deepest first; only what did not exist before, and only what is ours
         if not before["directories"][path] and os.path.isdir(path):
             shutil.rmtree(path)
+    for path in reversed(DIRECTORIES):  # an empty directory there before (an earlier install's) comes back
+        if before["directories"][path] and not os.path.isdir(path):
+            os.makedirs(path, mode=0o755)
     removed = [name for name, installed in before["packages"].items() if not installed and package_installed(name)]
     if removed:
         subprocess.run(["apt-get", "purge", "-y", "-qq", *removed], check=True, stdout=subprocess.DEVNULL,
@@ -206,14 +209,29 @@ TEARDOWN_KEEPS = {"/var/log/sparkfleet/watchdog.log", "/var/log/sparkfleet", "/v
                   "/var/lib/prometheus"}
 
 
+# What is sparkfleet's own outright: teardown removes it even where it was there before the scenario (left by an
+# earlier install on this machine), so its absence after teardown is what teardown must do.
+OWNED = ("/usr/local/libexec/sparkfleet", "/run/sparkfleet", "/var/lib/sparkfleet",
+         "/etc/sysctl.d/90-sparkfleet-memory.conf", "/etc/systemd/system/sparkfleet-")
+
+
 def compare(directory):
     """The teardown role's work against the snapshot: what it must have put back, and nothing else."""
     with open(os.path.join(directory, "state.json"), encoding="utf-8") as handle:
         before = json.load(handle)
     after = state()
-    differences = [f"{section}: {key}: was {before[section][key]!r}, now {after[section][key]!r}"
-                   for section in ("sysctl", "files", "directories") for key in before[section]
-                   if key not in TEARDOWN_KEEPS and before[section][key] != after[section][key]]
+    differences, earlier = [], []
+    for section in ("sysctl", "files", "directories"):
+        for key in before[section]:
+            was, now = before[section][key], after[section][key]
+            if key in TEARDOWN_KEEPS or was == now:
+                continue
+            if section != "sysctl" and not now and key.startswith(OWNED):
+                earlier.append(key)  # an earlier install's, removed: teardown's job
+                continue
+            differences.append(f"{section}: {key}: was {was!r}, now {now!r}")
+    if earlier:
+        print("removed what an earlier install left: " + ", ".join(earlier))
     # zram: back out of swap at its size before (a device teardown reset is left loaded, empty)
     was, now = before["zram"] or {"disksize": 0, "swap": None}, after["zram"] or {"disksize": 0, "swap": None}
     for key in ("disksize", "swap"):
