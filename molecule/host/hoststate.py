@@ -44,6 +44,7 @@ FILES = [
     "/run/sparkfleet/watchdog.pid",
     "/var/log/sparkfleet/watchdog.log",
     "/var/lib/sparkfleet/node/before.json",
+    "/etc/systemd/logind.conf.d/90-sparkfleet.conf",
 ]
 # ... and the directories it may create: removed afterwards only when they did not exist before, deepest first.
 DIRECTORIES = [
@@ -54,6 +55,7 @@ DIRECTORIES = [
     "/var/log/sparkfleet",
     "/var/lib/sparkfleet/node",
     "/var/lib/sparkfleet",
+    "/etc/systemd/logind.conf.d",
 ]
 PIDFILE = "/run/sparkfleet/watchdog.pid"
 WATCHDOG = "/usr/local/libexec/sparkfleet/watchdog"
@@ -204,15 +206,17 @@ def verdict(differences, after, failed, passed):
     return 0
 
 
-# What teardown keeps on purpose (docs/day2.md): the logs, for a triage; the node exporter's directory.
+# What teardown keeps on purpose (docs/day2.md): the logs, for a triage; the node exporter's directory; systemd's
+# own drop-in directory for logind (empty once sparkfleet's drop-in is gone).
 TEARDOWN_KEEPS = {"/var/log/sparkfleet/watchdog.log", "/var/log/sparkfleet", "/var/lib/prometheus/node-exporter",
-                  "/var/lib/prometheus"}
+                  "/var/lib/prometheus", "/etc/systemd/logind.conf.d"}
 
 
 # What is sparkfleet's own outright: teardown removes it even where it was there before the scenario (left by an
 # earlier install on this machine), so its absence after teardown is what teardown must do.
 OWNED = ("/usr/local/libexec/sparkfleet", "/run/sparkfleet", "/var/lib/sparkfleet",
-         "/etc/sysctl.d/90-sparkfleet-memory.conf", "/etc/systemd/system/sparkfleet-")
+         "/etc/sysctl.d/90-sparkfleet-memory.conf", "/etc/systemd/system/sparkfleet-",
+         "/etc/systemd/logind.conf.d/90-sparkfleet.conf")
 
 
 def compare(directory):

@@ -631,7 +631,8 @@ EOF""")
 TEARDOWN = os.path.join(ROOT, "playbooks/teardown.yml")
 WEIGHTS_MARKER = "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu/.sparkfleet-verified.json"
 INSTALLED = ("/etc/sparkfleet", "/opt/sparkfleet", "/usr/local/libexec/sparkfleet", "/usr/local/lib/sparkfleet",
-             "/var/lib/sparkfleet/verify", "/var/lib/sparkfleet/group", "/etc/netplan/40-sparkfleet-fabric.yaml")
+             "/var/lib/sparkfleet/verify", "/var/lib/sparkfleet/group", "/etc/netplan/40-sparkfleet-fabric.yaml",
+             "/etc/systemd/logind.conf.d/90-sparkfleet.conf")
 
 
 def installed(lab, node):

@@ -26,7 +26,10 @@ KEPT = {
 
 def teardown_places():
     variables = yaml.safe_load((ROOT / "roles/teardown/vars/main.yml").read_text())
-    places = [*variables["__teardown_owned"], variables["__teardown_state_dir"]]
+    # an entry "{{ __teardown_x }}" is that variable's path
+    places = [variables[entry.strip("{} ")] if entry.startswith("{{") else entry
+              for entry in variables["__teardown_owned"]]
+    places.append(variables["__teardown_state_dir"])
     places.append(variables["__teardown_unit_dir"] + "/sparkfleet-")  # every sparkfleet-* unit and its drop-ins
     # the defaults teardown reads through its variables (node_memory's sysctl file and textfile, the netplan file)
     for name in ("__teardown_sysctl_file", "__teardown_netplan_file", "__teardown_textfile_dir"):
