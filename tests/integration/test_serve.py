@@ -396,6 +396,22 @@ def stop_load(lab, load):
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def outage(requests):
+    """The outage the load saw: its first failed request to the first good one after it."""
+    answered, failed = [r for r in requests if r["ok"]], [r for r in requests if not r["ok"]]
+    if not failed:
+        return f"outage seen by the load: none ({len(answered)} requests answered in full, none refused)"
+    first_failed, last_failed = min(r["began"] for r in failed), max(r["began"] for r in failed)
+    first_good = min((r["ended"] for r in answered if r["began"] > first_failed), default=None)
+    back = min((r["ended"] for r in answered if r["began"] > last_failed), default=None)
+    if first_good is None or back is None:
+        return f"outage seen by the load: not over when the load stopped ({len(failed)} refused)"
+    # A rollback is two outages (the new state's start, then the kept one's): the second figure spans both.
+    return (f"outage seen by the load: {first_good - first_failed:.1f} s (first failed request to the first good "
+            f"one after it), {back - first_failed:.1f} s to the first good one after the last refused; "
+            f"{len(answered)} answered in full, {len(failed)} refused while the group restarted")
+
+
 def test_restart_drains_the_requests_in_flight_then_restarts_and_verifies_the_group(served, lab, tmp_path):
     """restart.yml under a client load: --check says what it would drain and stops nothing; the real run drains
     the head (vLLM's own drain: no request admitted, those in flight finish), stops the worker, starts the group
@@ -431,18 +447,73 @@ def test_restart_drains_the_requests_in_flight_then_restarts_and_verifies_the_gr
     answered = [r for r in requests if r["ok"]]
     # No answered request was cut short: every one decoded all its tokens (an aborted one ends early).
     assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
-    failed = [r for r in requests if not r["ok"]]
-    if failed:
-        first_failed = min(r["began"] for r in failed)
-        first_good = min((r["ended"] for r in answered if r["began"] > first_failed), default=None)
-        outage = f"{first_good - first_failed:.0f} s" if first_good else "not over when the load stopped"
-        print(f"outage seen by the load: {outage} (first failed request to the first good one after it); "
-              f"{len(answered)} answered in full, {len(failed)} refused while the group restarted")
+    print(outage(requests))
     previous = on_node(lab, "node0", "sh", "-c", f"ls -1t {LOGS}/vllm-boot*.log | sed -n 2p").stdout.strip()
     assert "[shutdown] EngineCore: draining in-flight requests" in on_node(lab, "node0", "cat", previous).stdout
     assert status["found"]["known_answer"] == "matched"
     assert not engine_pids(lab, "node0") & head_engines and not engine_pids(lab, "node1") & worker_engines
     assert group_state(lab, "node1")["epoch"] == group_state(lab, "node0")["epoch"]
+
+
+UPGRADE = os.path.join(ROOT, "playbooks/upgrade.yml")
+KEPT = "/var/lib/sparkfleet/upgrade"
+
+
+def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(served, lab, tmp_path):
+    """upgrade.yml twice under a client load. First to a state whose pool is not the planned one (vLLM told to
+    size its pool in blocks, which the plan does not know): the new start fails its own verification, every node
+    gets back what it served with, the group restarts on it and verifies (the known answer matched: the old
+    combination's record), and the play fails naming both results. Then to a good state (another max-num-seqs):
+    verified with a known answer recorded for the new combination, nothing rolled back, what was kept removed.
+    No answered request is cut short by either; the outage each one caused is measured by the load."""
+    before = start_status(lab)
+    assert before.get("ok") and group_state(lab, "node0").get("phase") == "ready", before
+    load = client_load(lab)
+    try:
+        wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
+        started = time.monotonic()
+        bad = run_playbook(tmp_path / "bad", UPGRADE, inventory=lab["inventory"],
+                           extravars={"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6}})
+        bad_s = time.monotonic() - started
+        text = " ".join(output(bad).split())
+        assert bad.status == "failed", text[-4000:]
+        assert "upgrade FAILED and was rolled back. The new state: node0: found the group gave-up" in text, text[-4000:]
+        assert "the group serves what it served before, verified (epoch" in text and "known answer matched" in text
+        rolled_back = start_status(lab)
+        assert rolled_back["ok"] and rolled_back["found"]["kv_cache_tokens"] == POOL, rolled_back
+        assert rolled_back["found"]["known_answer"] == "matched"
+        assert rolled_back["found"]["known_answer_record"] == before["found"]["known_answer_record"]
+        launcher = on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
+        assert "num-gpu-blocks-override" not in launcher
+        assert on_node(lab, "node1", "ls", KEPT, check=False).returncode != 0  # verified again: kept no more
+        assert serves(lab)
+        bad_requests = stop_load(lab, load)
+
+        load = client_load(lab)
+        wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
+        started = time.monotonic()
+        good = run_playbook(tmp_path / "good", UPGRADE, inventory=lab["inventory"],
+                            extravars={"sparkfleet_vllm_args": {"max-num-seqs": 6}})
+        good_s = time.monotonic() - started
+        text = " ".join(output(good).split())
+        assert good.status == "successful", text[-4000:]
+        assert re.search(r"upgraded: the group serves the new state, verified \(epoch \d+, KV pool 87,296 tokens, "
+                         r"known answer recorded\); nothing was rolled back", text), text[-4000:]
+        drained = re.search(r"drained \d+ running and \d+ waiting requests in flight in [\d.]+ s \(the head "
+                            r"stopped after [\d.]+ s\); cut at the 300 s timeout: (\d+)", text)
+        assert drained and drained[1] == "0", text[-4000:]
+        upgraded = start_status(lab)
+        assert upgraded["ok"] and upgraded["found"]["known_answer"] == "recorded"
+        assert upgraded["found"]["known_answer_record"] != before["found"]["known_answer_record"]
+        for node in ("node0", "node1"):
+            assert on_node(lab, node, "ls", KEPT, "/opt/sparkfleet/vllm.rollback", check=False).returncode != 0
+    finally:
+        good_requests = stop_load(lab, load)
+    for what, requests, seconds in (("to a failing state, rolled back", bad_requests, bad_s),
+                                    ("to a good state", good_requests, good_s)):
+        answered = [r for r in requests if r["ok"]]
+        assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
+        print(f"\nupgrade.yml {what}: the play {seconds:.0f} s; {outage(requests)}")
 
 
 def stopped_for_good(lab):
