@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -420,6 +421,30 @@ def on_node(lab, node, *argv, check=True, timeout=60):
     if check and result.returncode != 0:
         raise AssertionError(f"{node}: {' '.join(argv)} exited {result.returncode}:\n{result.stderr}{result.stdout}")
     return result
+
+
+def restart_node(lab, node, stop_seconds=10, limit=180):
+    """Restart a lab node's container, as a reboot would, and return once the node takes an SSH connection again.
+
+    The two waits a test needs before the next play: systemd must have finished booting (`is-system-running
+    --wait`, asked again while it fails at once with "Failed to connect to bus", which it does the first fraction
+    of a second after the start), and sshd must accept a connection on the node's management address (a play that
+    starts earlier finds the node UNREACHABLE: "Connection refused")."""
+    subprocess.run(["docker", "restart", "--time", str(stop_seconds), container(lab, node)], check=True,
+                   capture_output=True, timeout=stop_seconds + 60)
+    address = lab_hosts(lab)[node]["ansible_host"]
+
+    def booted_and_listening():
+        state = on_node(lab, node, "systemctl", "is-system-running", "--wait", check=False, timeout=limit)
+        if state.stdout.strip() not in ("running", "degraded"):
+            return False
+        try:
+            with socket.create_connection((address, 22), timeout=5) as connection:
+                return connection.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
+    wait_until(booted_and_listening, f"{node} to boot and take SSH connections after its restart", stall=limit,
+               poll=1.0)
 
 
 # --------------------------------------------------------------------------------------------- vLLM on CPU

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT, TOPOLOGIES, on_node, output, run_playbook, wait_until
+from conftest import ROOT, TOPOLOGIES, on_node, output, restart_node, run_playbook, wait_until
 
 FABRIC = os.path.join(ROOT, "playbooks/fabric.yml")
 # Each test runs on every topology's lab (the conftest's fabric_lab, shared with the node and runtime tests).
@@ -127,9 +127,7 @@ def test_service_ports_answer_the_cluster_only(fabric_lab):
 def restart_bare(lab, node):
     """Restart a node's container: its fabric ports come up bare, and only the stage's own configuration (netplan,
     applied by systemd-networkd at boot) brings them back."""
-    subprocess.run(["docker", "restart", "-t", "5", f"{lab['extravars']['lab_name']}-{node}"], check=True,
-                   capture_output=True)
-    on_node(lab, node, "systemctl", "is-system-running", "--wait", check=False, timeout=120)
+    restart_node(lab, node, stop_seconds=5)
     journal = on_node(lab, node, "journalctl", "-b", "-u", "sparkfleet-lab-cables", "--no-pager").stdout
     assert "is enp1s0f1np1, bare" in journal  # the port came up bare: what follows is the stage's own config
 

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 import yaml
-from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook
+from conftest import ROOT, lab_hosts, on_node, output, restart_node, run_playbook
 
 NODE = os.path.join(ROOT, "playbooks/node.yml")
 
@@ -61,8 +61,7 @@ def test_the_watchdog_comes_back_after_the_node_restarts(converged, fabric_lab):
     # no identity here: the fresh PID namespace can hand the daemon the same number again).
     started = ("systemctl", "show", "-p", "ExecMainStartTimestampMonotonic", "--value", "sparkfleet-watchdog")
     before = int(on_node(fabric_lab, "node1", *started).stdout)
-    subprocess.run(["docker", "restart", "-t", "10", container(fabric_lab, "node1")], check=True, capture_output=True)
-    on_node(fabric_lab, "node1", "systemctl", "is-system-running", "--wait", check=False, timeout=120)
+    restart_node(fabric_lab, "node1")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = on_node(fabric_lab, "node1", "systemctl", "is-active", "sparkfleet-watchdog.service", check=False)

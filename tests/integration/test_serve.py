@@ -14,7 +14,7 @@ import tarfile
 import time
 
 import pytest
-from conftest import ROOT, container, lab_hosts, on_node, output, run_playbook, wait_until
+from conftest import ROOT, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -232,8 +232,7 @@ def test_a_restarted_worker_node_heals_the_group_and_a_check_run_finds_nothing_t
     assert serves(lab)
     epoch = group_state(lab, "node0")["epoch"]
     started = time.monotonic()
-    subprocess.run(["docker", "restart", "--time", "30", container(lab, "node1")], check=True, capture_output=True,
-                   timeout=120)
+    restart_node(lab, "node1", stop_seconds=30)
     wait_for(lab, lambda: unit(lab, "node1").get("ActiveState") == "active", "the worker's rank after its boot")
     wait_for(lab, lambda: verified_again(lab, epoch), "the group to serve, verified, again by itself", stall=240)
     report("worker node restart -> verified service without Ansible", time.monotonic() - started)
