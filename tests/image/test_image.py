@@ -214,3 +214,42 @@ def test_a_new_build_keeps_the_old_one_as_previous_and_rolls_back(engines):
     forward = stage(engines, "forward", vllm_image_base=other)
     assert forward.status == "successful", output(forward)[-3000:]
     assert current(engines) == {"engine-a": second, "engine-b": second}
+
+
+UPGRADE_IMAGE = os.path.join(ROOT, "tests/image/playbooks/upgrade_image.yml")
+
+
+def test_an_upgrade_keeps_the_image_a_rank_runs_through_a_new_build_and_gives_it_back(engines):
+    """upgrade.yml's image half on a real engine (a GB10 rank runs in Docker; the lab's CPU ranks run natively):
+    the image the rank's container runs is kept by its ID as :rollback; the image stage then builds, ships and
+    makes a new image current, and its clean-up leaves the kept one; the rollback gives the kept image back the
+    name the container was created with, so the kept configuration starts the image it served with."""
+    running = image_id(f"{REPOSITORY}:current")
+    kept_file = engines["base"] / "kept-image.json"
+    docker("rm", "--force", "sparkfleet-vllm", check=False)  # an earlier, interrupted run's
+    docker("create", "--name", "sparkfleet-vllm", f"{REPOSITORY}:current", "true")
+    try:
+        keep = run_playbook(engines["base"] / "keep-image", UPGRADE_IMAGE, inventory=engines["inventory"],
+                            extravars={"step": "keep", "kept_file": str(kept_file),
+                                       "vllm_service_image": f"{REPOSITORY}:current"})
+        assert keep.status == "successful", output(keep)[-4000:]
+        assert json.loads(kept_file.read_text()) == {"name": f"{REPOSITORY}:current", "id": running}
+        assert image_id(f"{REPOSITORY}:rollback") == running
+
+        newer = derived_base(engines["standin"], f"{REPOSITORY}-base:newer", "echo newer > /etc/sparkfleet-newer")
+        upgraded = stage(engines, "upgrade-image", vllm_image_base=newer)
+        assert upgraded.status == "successful", output(upgraded)[-5000:]
+        assert current(engines) == {"engine-a": fingerprint(newer), "engine-b": fingerprint(newer)}
+        assert image_id(f"{REPOSITORY}:rollback") == running  # the new state's clean-up kept it
+
+        restore = run_playbook(engines["base"] / "restore-image", UPGRADE_IMAGE, inventory=engines["inventory"],
+                               extravars={"step": "restore", "kept_file": str(kept_file),
+                                          "vllm_service_image": f"{REPOSITORY}:current"})
+        assert restore.status == "successful", output(restore)[-4000:]
+        assert image_id(f"{REPOSITORY}:current") == running
+        again = run_playbook(engines["base"] / "restore-again", UPGRADE_IMAGE, inventory=engines["inventory"],
+                             extravars={"step": "restore", "kept_file": str(kept_file),
+                                        "vllm_service_image": f"{REPOSITORY}:current"})
+        assert again.status == "successful" and changed(again) == 0, output(again)[-3000:]
+    finally:
+        docker("rm", "--force", "sparkfleet-vllm", check=False)
