@@ -16,8 +16,8 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
-	@echo "make test         everything CI runs: lint, sanity (with the unit tests), kernels, image, integration (with"
-	@echo "                  molecule's site scenario on its lab), host (timed per stage)"
+	@echo "make test         everything CI runs: host, lint, sanity (with the unit tests), kernels, image, integration"
+	@echo "                  (with molecule's site scenario on its lab), timed per stage"
 	@echo "make unit         the unit tests alone, with pytest"
 	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, the lab playbook"
 	@echo "                  again, idempotence, verify, destroy)"
@@ -92,8 +92,9 @@ lab-destroy: deps
 # after it, and the labs' nodes read the same kernel). Then the serving lab's chain, the longest, on one lane;
 # on the other the checks without a lab, then the other labs' tests (the same two lanes `make integration` runs
 # on two pytest-xdist workers, with the checks in the second lane's otherwise idle start).
+# (the kernels on one worker there: the serving lab's drills beside them keep their deadlines)
 test:
-	@scripts/run-stages deps "host | lint" "integration-serve | sanity kernels image integration-labs"
+	@KERNEL_WORKERS=1 scripts/run-stages deps "host | lint" "integration-serve | sanity kernels image integration-labs"
 
 lint: deps
 	ansible-lint
@@ -109,8 +110,9 @@ image: deps
 	pytest tests/image --durations=10
 
 # Triton kernels on CPU tensors under the interpreter, against the PyTorch reference (GPU: files/sparkfleet_nvfp4/bench.py).
+KERNEL_WORKERS ?= auto
 kernels: kernels-deps
-	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider -n auto --maxprocesses=4 tests/kernels --durations=5
+	TRITON_INTERPRET=1 $(KVENV)/bin/python -m pytest -p no:cacheprovider -n $(KERNEL_WORKERS) --maxprocesses=4 tests/kernels --durations=5
 
 # One session: the labs are shared between the tests (see tests/integration/conftest.py), and molecule's site
 # scenario runs there on the 2-node lab instead of on a lab of its own. The tests of each lab run one after the

@@ -89,12 +89,14 @@ def download(requirements: Sequence[str], dest: str, target: Target | None = Non
             "--dest", dest, *(target.pip_args() if target else []), *requirements]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
+        # pip's own errors, not the code lines of a traceback it printed (indented) or its header
         lines = [line for line in (proc.stderr or proc.stdout).splitlines()
-                 if line.strip() and not line.startswith("WARNING: Location 'file:")]
+                 if line.strip() and not line.startswith((" ", "\t", "WARNING: Location 'file:", "Traceback ("))]
         raise WheelhouseError(
             f"found pip download failing for {' '.join(requirements)} (rc {proc.returncode}: "
             f"{' | '.join(lines[-3:])}); expected every wheel to be available through this machine's pip "
-            "configuration; fix: check the index and find-links settings (pip config list) and retry")
+            "configuration; fix: correct the requirement (its name, version pin or path), or check the index and "
+            "find-links settings (pip config list), and retry")
     tmp = os.path.join(dest, MARKER + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump({"key": requirements_key(requirements, target), "requirements": list(requirements),
