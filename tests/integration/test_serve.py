@@ -467,7 +467,7 @@ def rank_starts(lab, node="node0"):
 
 def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None):
     """upgrade.yml under a client load, from a group that serves verified; returns (runner, its output on one
-    line, the play's seconds, the requests the load sent while it ran). No answered request may be cut short,
+    line, the requests the load sent while it ran). No answered request may be cut short,
     but for those sent to a start that failed its verification: unverified_after(requests) says from when."""
     assert start_status(lab).get("ok") and group_state(lab, "node0").get("phase") == "ready"
     load = client_load(lab)
@@ -487,7 +487,7 @@ def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None):
     assert answered and not cut, f"{len(cut)} of {len(answered)} answers cut short: {cut[:5]}"
     unverified = f"; {len(short)} sent to the start that failed its verification cut short" if short else ""
     print(f"\nupgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}{unverified}")
-    return runner, " ".join(output(runner).split()), seconds, requests
+    return runner, " ".join(output(runner).split()), requests
 
 
 def kept_nothing(lab):
@@ -524,7 +524,7 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     assert "node0: found 1 of 2 nodes in this run (node0); expected every node of sparkfleet_cluster" in text
     assert on_node(lab, "node0", "test", "-e", KEPT, check=False).returncode != 0
 
-    runner, text, _, requests = upgrade_under_load(lab, tmp_path, "to-a-vllm-the-controller-cannot-download",
+    runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-vllm-the-controller-cannot-download",
                                                    {"vllm_service_native_requirements": [MISSING_WHEEL]})
     assert runner.status == "failed", text[-4000:]
     assert "upgrade FAILED and was rolled back. The new state (before any rank stopped):" in text, text[-4000:]
@@ -538,11 +538,12 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     assert kept_nothing(lab)
 
     # (the start before the rollback's: the failed one)
-    runner, text, _, _ = upgrade_under_load(lab, tmp_path, "to-a-failing-state",
-                                            {"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6,
-                                                                      "max-model-len": 256}},
-                                            unverified_after=lambda: rank_starts(lab)[-2])
+    runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-failing-state",
+                                                {"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6,
+                                                                          "max-model-len": 256}},
+                                                unverified_after=lambda: rank_starts(lab)[-2])
     assert runner.status == "failed", text[-4000:]
+    assert [r for r in requests if not r["ok"]]  # the load saw the two restarts
     assert "upgrade FAILED and was rolled back. The new state: node0: found the group gave-up" in text, text[-4000:]
     assert "the group serves what it served before, verified (epoch" in text and "known answer matched" in text
     assert re.search(r"max_model_len +512 +512", output(runner)), text[-4000:]  # the kept state's expectation
@@ -554,9 +555,10 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     assert kept_nothing(lab)  # verified again: kept no more
     assert serves(lab)
 
-    runner, text, _, _ = upgrade_under_load(lab, tmp_path, "to-a-good-state",
-                                            {"sparkfleet_vllm_args": {"max-num-seqs": 6}})
+    runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-good-state",
+                                                {"sparkfleet_vllm_args": {"max-num-seqs": 6}})
     assert runner.status == "successful", text[-4000:]
+    assert [r for r in requests if not r["ok"]]  # the load saw the restart
     assert re.search(r"upgraded: the group serves the new state, verified \(epoch \d+, KV pool 87,296 tokens, "
                      r"known answer recorded\); nothing was rolled back", text), text[-4000:]
     drained = re.search(r"drained \d+ running and \d+ waiting requests in flight in [\d.]+ s \(the head "
