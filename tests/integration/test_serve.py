@@ -531,7 +531,7 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     assert on_node(lab, "node0", "test", "-e", KEPT, check=False).returncode != 0
 
     runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-vllm-the-controller-cannot-download",
-                                                   {"vllm_service_native_requirements": [MISSING_WHEEL]})
+                                                {"vllm_service_native_requirements": [MISSING_WHEEL]})
     assert runner.status == "failed", text[-4000:]
     assert "upgrade FAILED and was rolled back. The new state (before any rank stopped):" in text, text[-4000:]
     for node in ("node0", "node1"):  # both nodes say why, and both get the kept state back
@@ -736,7 +736,7 @@ EOF""")
 
         wait_for(lab, gave_up, "every rank to stop restarting")
         figure(f"rendezvous that never completes -> every rank stopped, with the marker: "
-              f"{time.monotonic() - started:.0f} s")
+               f"{time.monotonic() - started:.0f} s")
         assert len(group_history(lab)) == 2  # it did start the group again by itself before giving up
         head = marker(lab, "node0")
         assert "hit the start limit of 2 starts" in head, head
