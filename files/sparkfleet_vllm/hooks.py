@@ -115,3 +115,66 @@ def uma_startup_ok(snapshot, cache_config, requested: int) -> bool:
 def pdl_allowed(major: int) -> bool:
     """Programmatic dependent launch on SM 9.x and 10.x only, unless the switch is off."""
     return major in (9, 10) or not switch("SPARKFLEET_PDL_SM9_10_ONLY")
+
+
+# Tensor-parallel padding (the roles' tp_padding): the group's padding, as the serve stage writes it into every
+# rank's environment, or None on a group that pads nothing.
+TP_PADDING_ENV = "SPARKFLEET_TP_PADDING"
+
+
+def tp_padding() -> dict | None:
+    import json
+
+    text = os.environ.get(TP_PADDING_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        padding = json.loads(text)
+        padding["tp"] = int(padding["tp"])
+        padding["widths"] = [(int(size), int(padded)) for size, padded in padding.get("widths", [])]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{TP_PADDING_ENV}: found {text!r} ({exc}); expected the JSON the serve stage writes "
+                         '({"tp": 3, "widths": [[64, 66]], "vocab": true}); fix: converge the group again') from None
+    return padding
+
+
+def shard_source(tensor, dim: int, start: int, length: int):
+    """The checkpoint tensor a rank cuts its shard [start, start + length) from along ``dim``.
+
+    Unchanged while the shard lies inside it. On a padded group, a tensor whose width is a padded dimension's
+    checkpoint size (in the same ratio as the layer's full padded width, whatever the packing) is extended with
+    zeros to that full width: the rows and columns padding adds are zeros, so they add nothing to any output.
+    Anything else is left as it is, and the loader's own narrow fails as stock vLLM does: a checkpoint that does
+    not match the model is never filled in silently."""
+    if tensor.ndim == 0:
+        return tensor
+    size = tensor.shape[dim]
+    if start + length <= size:
+        return tensor
+    padding = tp_padding()
+    if padding is None:
+        return tensor
+    full = length * padding["tp"]
+    if not any(size * padded == full * original for original, padded in padding["widths"]):
+        raise ValueError(
+            f"sparkfleet tp padding: found a checkpoint tensor {tuple(tensor.shape)} of width {size} along dim {dim}, "
+            f"short of the shard {start}:{start + length} of a full width {full}; expected the checkpoint size of one "
+            f"of the padded dimensions {padding['widths']} (in the same ratio); fix: check that the profile's "
+            "tensor_parallel section describes this checkpoint")
+    import torch
+
+    shape = list(tensor.shape)
+    shape[dim] = full - size
+    logger.debug("sparkfleet: tensor %s zero-padded to %d along dim %d", tuple(tensor.shape), full, dim)
+    return torch.cat([tensor, torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)], dim=dim)
+
+
+def vocab_padding(padding_size: int, tp_size: int) -> int:
+    """The unit vLLM pads the vocabulary to: its own, or on a group that pads the vocabulary, the least common
+    multiple of it and the tensor-parallel size (so that the padded vocabulary splits evenly)."""
+    import math
+
+    padding = tp_padding()
+    if padding is None or not padding.get("vocab"):
+        return padding_size
+    return math.lcm(int(padding_size), int(tp_size))

@@ -18,6 +18,9 @@ import sys
 import tempfile
 
 PINNED_VERSION = "0.33.0"
+# The tensor-parallel padding seams touch lines that are the same in the lab's CPU build (0.32.0) and the image's
+# release, so both carry them: ``apply --padding`` applies these alone to a vLLM that is not the pinned release.
+PADDING_VERSIONS = ("0.32.0", PINNED_VERSION)
 DTYPE = "sparkfleet_nvfp4"
 MARK = "# sparkfleet:"
 # The patched lines reach the hooks without an import statement of their own, so an edit can sit inside an
@@ -63,9 +66,45 @@ class Seam:
     why: str
     edits: tuple[Edit, ...]
     # An environment variable that turns a GB10 fix off at run time (value 0); None for the NVFP4 seams, which
-    # act only when the sparkfleet_nvfp4 KV dtype is selected.
+    # act only when the sparkfleet_nvfp4 KV dtype is selected, and the padding seams, which act only on a group
+    # the serve stage pads (SPARKFLEET_TP_PADDING).
     switch: str | None = None
 
+
+_PARAMETER = "model_executor/parameter.py"
+_MOE = "model_executor/layers/fused_moe/routed_experts.py"
+_SHARD = f"loaded_weight = {HOOKS}.shard_source(loaded_weight, "
+
+# Tensor-parallel padding (docs/tp-padding.md): where a rank cuts its shard of a split dimension out of a checkpoint
+# tensor, the tensor is first zero-extended to the padded width (hooks.shard_source, a no-op on a group that pads
+# nothing), and the vocabulary is padded to a multiple of lcm(64, tp) (hooks.vocab_padding).
+PADDING_SEAMS: tuple[Seam, ...] = (
+    Seam("tp_pad_linear", "linear layers load the zero rows and columns of padded heads and MLP widths", (
+        Edit(_PARAMETER, ("shard_size = self.data.shape[self.output_dim]", "loaded_weight = loaded_weight.narrow("),
+             "before", (_SHARD + "self.output_dim, self.tp_rank * shard_size, shard_size)",)),
+        Edit(_PARAMETER, ("param_data = self.data", "", "param_data = param_data.narrow(self.output_dim, shard_offset, "
+                          "shard_size)", "loaded_weight = loaded_weight.narrow("),
+             "before", (_SHARD + "self.output_dim, self.tp_rank * shard_size, shard_size)",)),
+        Edit(_PARAMETER, ('shard_id_int = self.tp_rank if shard_id == "q" else self.tp_rank // num_heads',
+                          "param_data = param_data.narrow(self.output_dim, shard_offset, shard_size)",
+                          "loaded_weight = loaded_weight.narrow("),
+             "before", (_SHARD + "self.output_dim, shard_id_int * shard_size, shard_size)",)),
+        Edit(_PARAMETER, ("shard_size = self.data.shape[self.input_dim]", "loaded_weight = loaded_weight.narrow("),
+             "before", (_SHARD + "self.input_dim, self.tp_rank * shard_size, shard_size)",)),
+    )),
+    Seam("tp_pad_moe", "routed experts load the zero columns of a padded MoE width (stock would split the unpadded "
+         "width unevenly and drop its last columns)", (
+        Edit(_MOE, ("# the correct slice.", "tp_size = self.moe_config.moe_parallel_config.tp_size"),
+             "before", (_SHARD + "shard_dim, tp_rank * shard_size, shard_size)",)),
+        Edit(_MOE, ("# Same padding fix as _load_w13: use unpadded per-rank size.",
+                    "tp_size = self.moe_config.moe_parallel_config.tp_size"),
+             "before", (_SHARD + "shard_dim, tp_rank * expert_data.shape[shard_dim], expert_data.shape[shard_dim])",)),
+    )),
+    Seam("tp_pad_vocab", "the vocabulary is padded to a multiple of lcm(64, tp), so that it splits evenly", (
+        Edit("model_executor/layers/vocab_parallel_embedding.py", ("self.padding_size = padding_size",), "replace",
+             (f"self.padding_size = {HOOKS}.vocab_padding(padding_size, self.tp_size)",)),
+    )),
+)
 
 _SM120 = "v1/attention/backends/mla/flashinfer_mla_sparse_sm120.py"
 _SM120_BACKEND = "v1/attention/backends/mla/flashinfer_mla_sparse.py"
@@ -118,6 +157,7 @@ SEAMS: tuple[Seam, ...] = (
              Edit("platforms/cuda.py", ("return major >= 9",), "replace",
                   (f"return major >= 9 and {HOOKS}.pdl_allowed(major)",)),
          ), switch="SPARKFLEET_PDL_SM9_10_ONLY"),
+    *PADDING_SEAMS,
 )
 
 
@@ -180,17 +220,23 @@ def _read(vllm_dir: str, seam: Seam, path: str, version: str) -> list[str]:
                         f"point at the vllm package directory of vLLM {PINNED_VERSION}", "the file") from None
 
 
-def _check_version(version: str) -> None:
-    if version != PINNED_VERSION:
+def _versions(seams: tuple[Seam, ...]) -> tuple[str, ...]:
+    """The releases a set of seams is written against: the padding seams' alone, else the pinned release."""
+    return PADDING_VERSIONS if all(seam in PADDING_SEAMS for seam in seams) else (PINNED_VERSION,)
+
+
+def _check_version(version: str, seams: tuple[Seam, ...] = ()) -> None:
+    versions = _versions(seams) if seams else (PINNED_VERSION,)
+    if version not in versions:
         raise SeamError("version", "_version.py", version, f"version {version}",
                         f"build the image FROM a vLLM {PINNED_VERSION} base, or port the seams to {version}",
-                        f"vLLM {PINNED_VERSION}")
+                        f"vLLM {' or '.join(versions)}")
 
 
 def check(vllm_dir: str, seams: tuple[Seam, ...] = SEAMS) -> dict[str, str]:
     """Each seam's state in an installed vLLM: 'applied' or 'pending'; a drifted or half-applied seam raises."""
     version = vllm_version(vllm_dir)
-    _check_version(version)
+    _check_version(version, seams)
     states: dict[str, str] = {}
     for path, edits in _files(seams).items():
         stripped = _strip(_read(vllm_dir, edits[0][0], path, version))
@@ -222,7 +268,7 @@ def _apply_edit(seam: Seam, edit: Edit, lines: list[str], version: str) -> list[
 def patch(vllm_dir: str, seams: tuple[Seam, ...] = SEAMS) -> dict[str, str]:
     """The edited text of every file with a pending edit (nothing is written); {} when all are applied."""
     version = vllm_version(vllm_dir)
-    _check_version(version)
+    _check_version(version, seams)
     texts: dict[str, str] = {}
     for path, edits in _files(seams).items():
         lines = _read(vllm_dir, edits[0][0], path, version)
@@ -278,24 +324,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("action", choices=("apply", "check", "list"))
     parser.add_argument("--vllm-dir", help="the vllm package directory (default: the installed one)")
+    parser.add_argument("--padding", action="store_true",
+                        help=f"the tensor-parallel padding seams alone (vLLM {' or '.join(PADDING_VERSIONS)})")
     args = parser.parse_args(argv)
+    chosen = PADDING_SEAMS if args.padding else SEAMS
     if args.action == "list":
-        for seam in SEAMS:
+        for seam in chosen:
             print(f"{seam.name:16} {seam.switch or '-':34} {seam.why}")
         return 0
     vllm_dir = args.vllm_dir or find_vllm()
+    version = vllm_version(vllm_dir)
     try:
         if args.action == "apply":
-            written = apply(vllm_dir)
-            print(f"vLLM {PINNED_VERSION} at {vllm_dir}: {len(SEAMS)} seams applied; "
+            written = apply(vllm_dir, chosen)
+            print(f"vLLM {version} at {vllm_dir}: {len(chosen)} seams applied; "
                   f"{len(written)} files written{': ' + ', '.join(written) if written else ''}")
-        states = check(vllm_dir)
+        states = check(vllm_dir, chosen)
     except SeamError as exc:
         print(exc, file=sys.stderr)
         return 1
     pending = sorted(name for name, state in states.items() if state != "applied")
     if pending:
-        print(f"vLLM {PINNED_VERSION} at {vllm_dir}: seams not applied: {', '.join(pending)}", file=sys.stderr)
+        print(f"vLLM {version} at {vllm_dir}: seams not applied: {', '.join(pending)}", file=sys.stderr)
         return 1
-    print(f"vLLM {PINNED_VERSION} at {vllm_dir}: every seam in place ({', '.join(states)})")
+    print(f"vLLM {version} at {vllm_dir}: every seam in place ({', '.join(states)})")
     return 0

@@ -23,6 +23,7 @@ from ansible_collections.sparkfleet.cluster.plugins.module_utils import (
     fabric,
     input_rules,
     kv_capacity,
+    tp_padding,
     weights,
 )
 
@@ -309,6 +310,19 @@ def check_size(hosts: Iterable[str], tensor_parallel_size: int, profile_name: st
     return problems
 
 
+def check_tp_split(profile: Mapping[str, Any], tensor_parallel_size: int) -> list[Problem]:
+    """Every dimension vLLM splits over the ranks divides by the tensor-parallel size, padded where the profile
+    allows it (tp_padding); a dimension that does not is named with its remainder and the padding that would help."""
+    try:
+        split = tp_padding.layout(profile, tensor_parallel_size)
+    except tp_padding.PaddingError as err:
+        return [Problem(CLUSTER_GROUP, f"sparkfleet_model_profile: {profile.get('name')}: {err.key}", err.found,
+                        err.expected, err.fix)]
+    return [Problem(CLUSTER_GROUP, f"sparkfleet_tensor_parallel_size: {tensor_parallel_size} (profile "
+                    f"{profile.get('name')}, {key})", found, expected, fix)
+            for key, found, expected, fix in split["problems"]]
+
+
 # vLLM flags sparkfleet sets itself on every rank, and the key that decides each: set in sparkfleet_vllm_args
 # they would be overwritten without a word.
 MANAGED_VLLM_ARGS = {
@@ -541,6 +555,7 @@ def validate_cluster(hosts: Mapping[str, Mapping[str, Any]], head_hosts: Iterabl
         return problems, None
     problems += check_size(hosts, cluster["sparkfleet_tensor_parallel_size"], profile["name"],
                            profile["tensor_parallel_sizes"])
+    problems += check_tp_split(profile, cluster["sparkfleet_tensor_parallel_size"])
     problems += check_kv_dtype(profile, cluster.get("sparkfleet_vllm_args"))
     if weights_stage:
         problems += check_revision(profile, check_type_bool(hosts[min(hosts)].get("model_weights_allow_branch", False)))

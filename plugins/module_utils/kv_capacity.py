@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import tp_padding
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
 
 LANES = (200_000, 500_000, 1_000_000)
@@ -94,7 +95,8 @@ def _token_bytes(name: str, layer: Mapping[str, Any], dtype: str, tp: int, extra
                         f"one of {', '.join(sorted(table))}",
                         "set the profile's kv_cache_dtype to a supported format or add its byte size")
     heads = layer.get("kv_heads")
-    per_rank_heads = max(1, int(heads) // tp) if heads else 1
+    # A size that does not divide is padded to the next multiple of tp (tp_padding), so a rank holds the ceiling.
+    per_rank_heads = max(1, math.ceil(int(heads) / tp)) if heads and int(heads) >= tp else 1
     layers = int(layer["layers"]) + extra_layers
     return layers * per_rank_heads * float(per_entry) / int(layer.get("tokens_per_entry", 1))
 
@@ -127,6 +129,14 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
                         "add the model's KV byte figures to the profile")
     tp = int(tensor_parallel_size)
     args = merged_args(profile, args_overrides)
+    try:
+        split = tp_padding.layout(profile, tp)
+    except tp_padding.PaddingError as err:
+        raise PlanError(err.found, err.expected, err.fix, key=f"profile {err.key}") from err
+    if split["hf_overrides"]:
+        # The padded sizes reach vLLM's config through --hf-overrides, over any the profile sets itself.
+        given = args.get("hf-overrides")
+        args["hf-overrides"] = _merged_overrides(given if isinstance(given, Mapping) else {}, split["hf_overrides"])
     max_len = int(max_model_len or args.get("max-model-len") or profile["max_model_len"])
     # The stored KV format: the profile's, unless the inventory overrides --kv-cache-dtype (e.g. fp8_ds_mla to
     # roll the NVFP4 store back), which then must be a format the profile knows the size of.
@@ -205,7 +215,18 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
         "os_reserve_bytes": reserve,
         "headroom_bytes": (node_memory - reserve - needed) if node_memory else None,
         "vllm_args": args,
+        "tp_padding": {key: split[key] for key in ("padded", "dimensions", "vocab", "env", "problems")},
     }
+
+
+def _merged_overrides(given: Mapping[str, Any], padded: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(given)
+    for key, value in padded.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
 
 
 def problems(result: Mapping[str, Any], profile: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -46,7 +46,7 @@ def test_apply_edits_compiles_and_checks(vllm_copy):
     written = seams.apply(vllm_copy)
     after = snapshot(vllm_copy)
     assert written == sorted(path for path in before if before[path] != after[path])
-    assert len(written) == 7
+    assert len(written) == 10
     for path in written:
         compile(after[path], path, "exec")
     assert set(seams.check(vllm_copy).values()) == {"applied"}
@@ -71,7 +71,8 @@ def test_patched_lines_name_hooks_that_exist(vllm_copy):
     called = set()
     for text in snapshot(vllm_copy).values():
         called |= set(re.findall(re.escape(seams.HOOKS) + r"\.(\w+)", text))
-    assert called == {"STATE_BYTES", "DTYPE", "write", "mqa_inputs", "uma_startup_ok", "pdl_allowed"}
+    assert called == {"STATE_BYTES", "DTYPE", "write", "mqa_inputs", "uma_startup_ok", "pdl_allowed",
+                      "shard_source", "vocab_padding"}
     for name in called:
         assert hasattr(hooks, name), name
     assert hooks.STATE_BYTES == {"sparkfleet_nvfp4": 288}
@@ -156,7 +157,8 @@ def test_the_command_line_reports_and_fails_closed(vllm_copy, capsys):
     assert seams.main(["check", "--vllm-dir", vllm_copy]) == 1
     assert "seams not applied" in capsys.readouterr().err
     assert seams.main(["apply", "--vllm-dir", vllm_copy]) == 0
-    assert "7 files written" in capsys.readouterr().out
+    assert f"{len({e.path for s in EDITING for e in s.edits if e.action != 'check'})} files written" in \
+        capsys.readouterr().out
     assert seams.main(["apply", "--vllm-dir", vllm_copy]) == 0
     assert "0 files written" in capsys.readouterr().out
     path = os.path.join(vllm_copy, "_version.py")
@@ -166,3 +168,22 @@ def test_the_command_line_reports_and_fails_closed(vllm_copy, capsys):
         handle.write(text.replace("'0.33.0'", "'0.33.1'"))
     assert seams.main(["check", "--vllm-dir", vllm_copy]) == 1
     assert "sparkfleet seam 'version' (_version.py, vLLM 0.33.1)" in capsys.readouterr().err
+
+
+def test_the_padding_seams_alone_fit_the_labs_cpu_release_and_the_rest_refuse_it(vllm_copy, capsys):
+    """The lab's vLLM (the CPU build 0.32.0) gets the padding seams alone: its lines are the same as 0.33.0's there,
+    and the NVFP4 and GB10 seams stay refused on it, naming the version."""
+    path = os.path.join(vllm_copy, "_version.py")
+    write(vllm_copy, "_version.py", read(vllm_copy, "_version.py").replace("'0.33.0'", "'0.32.0'"))
+    with pytest.raises(seams.SeamError, match=r"'version'.*found version 0.32.0"):
+        seams.check(vllm_copy)
+    assert seams.main(["apply", "--padding", "--vllm-dir", vllm_copy]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.32.0" in out and "3 seams applied; 3 files written" in out
+    assert "every seam in place (tp_pad_linear, tp_pad_moe, tp_pad_vocab)" in out
+    assert seams.main(["apply", "--padding", "--vllm-dir", vllm_copy]) == 0
+    assert "0 files written" in capsys.readouterr().out
+    assert os.path.exists(path)
+    write(vllm_copy, "_version.py", read(vllm_copy, "_version.py").replace("'0.32.0'", "'0.31.0'"))
+    assert seams.main(["check", "--padding", "--vllm-dir", vllm_copy]) == 1
+    assert "expected vLLM 0.32.0 or 0.33.0" in capsys.readouterr().err

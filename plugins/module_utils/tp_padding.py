@@ -1,0 +1,204 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""Tensor-parallel padding: how a model's split dimensions divide over the ranks, and the zero padding that makes
+them divide where the profile allows it.
+
+A profile describes the dimensions vLLM splits over the ranks in its ``tensor_parallel`` section::
+
+    tensor_parallel:
+      config_sections: [text_config]      # nested config.json sections that repeat the keys
+      dimensions:
+        - name: attention heads
+          keys: [num_attention_heads, num_key_value_heads]
+          size: 64
+          shard_multiple: 1               # each rank's share is a multiple of this
+          pad: true                       # zero padding allowed
+      vocab: {size: 154880, multiple: 64, pad: true}
+
+At a tensor-parallel size that does not divide a dimension, a padded dimension grows to the next multiple of
+``tp * shard_multiple``; the rows and columns it adds are zeros, so they add nothing to any output (the image's
+loader seam fills them while it loads the checkpoint). vLLM pads the vocabulary to ``multiple`` and then splits it
+evenly; where that does not divide by tp the vocabulary is padded to a multiple of ``lcm(multiple, tp)`` instead,
+and the padded logits are cut off before sampling, as vLLM does with its own padding.
+
+Pure Python (standard library): used by the planner, the preflight, the weights stage and the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+
+# The environment variable the loader seams read (files/sparkfleet_vllm/hooks.py): set only on a padded group.
+ENV = "SPARKFLEET_TP_PADDING"
+# The copy of the checkpoint's own config.json the weights stage keeps beside the padded one.
+ORIGINAL_SUFFIX = ".orig"
+
+
+class PaddingError(SparkfleetError):
+    """A tensor_parallel section that cannot be used, or a config.json that does not match it."""
+
+    def __init__(self, key: str, found: str, expected: str, fix: str) -> None:
+        super().__init__(found, expected, fix, key=key)
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _divisors(size: int) -> str:
+    return ", ".join(str(d) for d in range(1, size + 1) if size % d == 0 and d <= 16)
+
+
+def _section(profile: Mapping[str, Any]) -> Mapping[str, Any]:
+    section = profile.get("tensor_parallel")
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise PaddingError("tensor_parallel", repr(section), "a mapping with dimensions and vocab",
+                           "describe the split dimensions as in profiles/tiny-cpu.yml")
+    return section
+
+
+def _dimensions(section: Mapping[str, Any]) -> list[dict[str, Any]]:
+    found = section.get("dimensions") or []
+    if not isinstance(found, list):
+        raise PaddingError("tensor_parallel.dimensions", repr(found), "a list of dimensions",
+                           "write each dimension as a mapping with name, keys, size, shard_multiple and pad")
+    dims = []
+    for index, dim in enumerate(found):
+        where = f"tensor_parallel.dimensions[{index}]"
+        if not isinstance(dim, Mapping):
+            raise PaddingError(where, repr(dim), "a mapping", "give it name, keys, size, shard_multiple, pad")
+        keys = dim.get("keys")
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+            raise PaddingError(f"{where}.keys", repr(keys), "a non-empty list of config.json keys",
+                               "list the config.json keys that hold this dimension")
+        size = _whole(dim.get("size"))
+        multiple = _whole(dim.get("shard_multiple", 1))
+        if size is None or multiple is None:
+            raise PaddingError(where, f"size={dim.get('size')!r}, shard_multiple={dim.get('shard_multiple', 1)!r}",
+                               "positive integers", "write the dimension's size in the checkpoint and the unit a "
+                               "rank's share must be a multiple of")
+        if not isinstance(dim.get("pad", False), bool):
+            raise PaddingError(f"{where}.pad", repr(dim.get("pad")), "true or false",
+                               "true where zero padding is exact for this model (see docs/tp-padding.md)")
+        dims.append({"name": str(dim.get("name") or keys[0]), "keys": list(keys), "size": size,
+                     "shard_multiple": multiple, "pad": dim.get("pad", False)})
+    return dims
+
+
+def _vocab(section: Mapping[str, Any]) -> dict[str, Any] | None:
+    vocab = section.get("vocab")
+    if vocab is None:
+        return None
+    size = _whole(vocab.get("size")) if isinstance(vocab, Mapping) else None
+    multiple = _whole(vocab.get("multiple", 64)) if isinstance(vocab, Mapping) else None
+    if size is None or multiple is None or not isinstance(vocab.get("pad", False), bool):
+        raise PaddingError("tensor_parallel.vocab", repr(vocab), "size and multiple (positive integers) and pad "
+                           "(true or false)", "write the checkpoint's vocab_size and vLLM's padding unit (64)")
+    return {"size": size, "multiple": multiple, "pad": vocab.get("pad", False)}
+
+
+def layout(profile: Mapping[str, Any], tensor_parallel_size: int) -> dict[str, Any]:
+    """How each split dimension lands on the ranks at this size, padded where the profile allows it.
+
+    Returns ``padded`` (whether anything is padded), ``dimensions`` (each with size, padded_size, per_rank,
+    remainder and waste), ``vocab``, ``problems`` (key, found, expected, fix: what cannot be served),
+    ``hf_overrides`` (for vLLM's --hf-overrides) and ``env`` (for the loader seams)."""
+    tp = int(tensor_parallel_size)
+    section = _section(profile)
+    sections = section.get("config_sections") or []
+    if not isinstance(sections, list) or not all(isinstance(s, str) and s for s in sections):
+        raise PaddingError("tensor_parallel.config_sections", repr(sections), "a list of section names",
+                           "name the nested config.json sections that repeat the keys (e.g. text_config)")
+    problems: list[tuple[str, str, str, str]] = []
+    dims = []
+    for dim in _dimensions(section):
+        unit = tp * dim["shard_multiple"]
+        remainder = dim["size"] % unit
+        padded = round_up(dim["size"], unit)
+        entry = dict(dim, padded_size=padded if dim["pad"] else dim["size"], remainder=remainder,
+                     per_rank=(padded if dim["pad"] else dim["size"]) / tp,
+                     waste=round(padded / dim["size"] - 1, 4) if dim["pad"] else 0.0)
+        if remainder and not dim["pad"]:
+            share = f"shares that are multiples of {dim['shard_multiple']}" if dim["shard_multiple"] > 1 else \
+                "whole shares"
+            problems.append((
+                f"tensor_parallel.dimensions: {dim['name']}",
+                f"{dim['keys'][0]} {dim['size']} over {tp} ranks leaves a remainder of {remainder}",
+                f"a size that splits into {tp} {share}",
+                f"zero padding to {padded} would make it divide ({padded - dim['size']} more, "
+                f"{(padded / dim['size'] - 1) * 100:.1f}% of its work on zeros): set pad: true for it in the profile "
+                f"if padding is exact for this model, or choose a tensor-parallel size that divides "
+                f"{dim['size'] // dim['shard_multiple']} ({_divisors(dim['size'] // dim['shard_multiple'])})"))
+        entry["per_rank"] = int(entry["per_rank"]) if float(entry["per_rank"]).is_integer() else entry["per_rank"]
+        dims.append(entry)
+    vocab = _vocab(section)
+    vocab_entry = None
+    if vocab:
+        stock = round_up(vocab["size"], vocab["multiple"])
+        multiple = vocab["multiple"] if stock % tp == 0 else math.lcm(vocab["multiple"], tp)
+        if multiple != vocab["multiple"] and not vocab["pad"]:
+            wanted = round_up(vocab["size"], math.lcm(vocab["multiple"], tp))
+            problems.append((
+                "tensor_parallel.vocab",
+                f"vocab_size {vocab['size']}, padded to {stock} (a multiple of {vocab['multiple']}), over {tp} ranks "
+                f"leaves a remainder of {stock % tp}",
+                f"a padded vocabulary that splits into {tp} whole shares",
+                f"padding to a multiple of lcm({vocab['multiple']}, {tp}) = {math.lcm(vocab['multiple'], tp)} "
+                f"({wanted}) would make it divide: set vocab.pad: true in the profile, or choose another "
+                "tensor-parallel size"))
+            multiple = vocab["multiple"]
+        padded = round_up(vocab["size"], multiple)
+        vocab_entry = dict(vocab, padded_multiple=multiple, padded_size=padded, per_rank=padded // tp
+                           if padded % tp == 0 else padded / tp, stock_padded_size=stock)
+    padded_dims = [d for d in dims if d["padded_size"] != d["size"]]
+    vocab_padded = bool(vocab_entry and vocab_entry["padded_multiple"] != vocab_entry["multiple"])
+    overrides: dict[str, Any] = {}
+    for dim in padded_dims:
+        for key in dim["keys"]:
+            overrides[key] = dim["padded_size"]
+    if overrides:
+        for name in sections:
+            overrides[name] = {key: value for key, value in overrides.items() if key not in sections}
+    env: dict[str, str] = {}
+    if (padded_dims or vocab_padded) and not problems:
+        env[ENV] = json.dumps({"tp": tp, "widths": [[d["size"], d["padded_size"]] for d in padded_dims],
+                               "vocab": vocab_padded}, sort_keys=True, separators=(",", ":"))
+    return {"tensor_parallel_size": tp, "padded": bool(padded_dims or vocab_padded), "dimensions": dims,
+            "vocab": vocab_entry, "config_sections": list(sections), "problems": problems,
+            "hf_overrides": overrides, "env": env}
+
+
+def padded_config(config: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's config.json with the padded sizes of a layout (``plan``) in every place that holds them.
+
+    Each key of a padded dimension that the file holds must hold the profile's unpadded size: anything else means
+    the profile does not describe this checkpoint (or the file is padded already), and a PaddingError says so."""
+    out = json.loads(json.dumps(config))
+    places = [("", out)] + [(f"{name}.", out[name]) for name in plan.get("config_sections", [])
+                            if isinstance(out.get(name), dict)]
+    for dim in plan["dimensions"]:
+        if dim["padded_size"] == dim["size"]:
+            continue
+        for prefix, place in places:
+            for key in dim["keys"]:
+                if key not in place:
+                    continue
+                if place[key] != dim["size"]:
+                    raise PaddingError(
+                        f"config.json {prefix}{key}", repr(place[key]),
+                        f"{dim['size']} (the profile's {dim['name']} before padding)",
+                        "point the profile at the checkpoint it describes (its tensor_parallel section), or put the "
+                        f"checkpoint's own config.json back from config.json{ORIGINAL_SUFFIX}")
+                place[key] = dim["padded_size"]
+    return out
