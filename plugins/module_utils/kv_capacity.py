@@ -215,7 +215,8 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
         "os_reserve_bytes": reserve,
         "headroom_bytes": (node_memory - reserve - needed) if node_memory else None,
         "vllm_args": args,
-        "tp_padding": {key: split[key] for key in ("padded", "dimensions", "vocab", "env", "problems")},
+        "tp_padding": {key: split[key]
+                       for key in ("padded", "dimensions", "vocab", "env", "problems", "config_sections")},
     }
 
 

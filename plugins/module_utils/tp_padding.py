@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -202,3 +204,76 @@ def padded_config(config: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[st
                         f"checkpoint's own config.json back from config.json{ORIGINAL_SUFFIX}")
                 place[key] = dim["padded_size"]
     return out
+
+
+# ------------------------------------------------------------------------------------ the padded checkpoint view
+
+VIEWS = "sparkfleet-padded"
+RECORD = ".sparkfleet-padding.json"
+
+
+def view_dir(repo: str, revision: str, tensor_parallel_size: int) -> str:
+    """Where the padded view of a snapshot lives: beside the snapshots, one per revision and size."""
+    return os.path.join(repo, VIEWS, f"{revision}-tp{int(tensor_parallel_size)}")
+
+
+def view_entries(snapshot: str, view: str, config_text: str) -> dict[str, tuple[str, str]]:
+    """What the view holds: name -> ("link", target) for every entry of the snapshot but config.json (relative
+    links, so the view points at the verified files themselves), config.json as ("file", padded text) and
+    config.json.orig as a link to the checkpoint's own."""
+    rel = os.path.relpath(snapshot, view)
+    entries: dict[str, tuple[str, str]] = {name: ("link", os.path.join(rel, name))
+                                           for name in sorted(os.listdir(snapshot)) if name != "config.json"}
+    entries["config.json" + ORIGINAL_SUFFIX] = ("link", os.path.join(rel, "config.json"))
+    entries["config.json"] = ("file", config_text)
+    return entries
+
+
+def _entry_state(path: str) -> tuple[str, str] | None:
+    if os.path.islink(path):
+        return ("link", os.readlink(path))
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return ("file", handle.read())
+    return ("other", "") if os.path.lexists(path) else None
+
+
+def view_changes(view: str, entries: Mapping[str, tuple[str, str]], record: str) -> list[str]:
+    """The names a sync would write or remove (empty: the view is as wanted)."""
+    wanted = dict(entries, **{RECORD: ("file", record)})
+    present = set(os.listdir(view)) if os.path.isdir(view) else set()
+    changed = [name for name, state in wanted.items() if _entry_state(os.path.join(view, name)) != state]
+    return sorted(changed + [name for name in present if name not in wanted])
+
+
+def sync_view(view: str, entries: Mapping[str, tuple[str, str]], record: str) -> list[str]:
+    """Make the view hold exactly ``entries`` and the record (written last: a view without a current record was
+    interrupted and is redone). Returns the names written or removed."""
+    changes = view_changes(view, entries, record)
+    if not changes:
+        return []
+    os.makedirs(view, exist_ok=True)
+    record_path = os.path.join(view, RECORD)
+    if os.path.lexists(record_path):
+        os.unlink(record_path)
+    for name in changes:
+        path = os.path.join(view, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+        kind, value = entries.get(name, (None, None))
+        if kind == "link":
+            os.symlink(value, path)
+        elif kind == "file":
+            _write(path, value)
+    _write(record_path, record)
+    return changes
+
+
+def _write(path: str, text: str) -> None:
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)

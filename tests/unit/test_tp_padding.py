@@ -68,10 +68,10 @@ def test_the_planner_passes_the_padding_and_plans_the_padded_heads():
     plan = kv_capacity.plan(profile, 3)
     assert plan["vllm_args"]["hf-overrides"] == {"num_attention_heads": 12, "num_key_value_heads": 12,
                                                  "intermediate_size": 1008}
-    # 12 padded KV heads, 4 a rank: 2 layers x 4 x 512 B (float32 K and V of 64) = 4,096 B a token.
-    assert plan["kv_bytes_per_token"] == 4096
+    # 12 padded KV heads, 4 a rank: 2 layers x 4 x 768 B (float32 K and V of 96) = 6,144 B a token.
+    assert plan["kv_bytes_per_token"] == 6144
     assert plan["tp_padding"]["padded"] and plan["tp_padding"]["env"]
-    assert kv_capacity.plan(profile, 2)["kv_bytes_per_token"] == 2 * 5 * 512
+    assert kv_capacity.plan(profile, 2)["kv_bytes_per_token"] == 2 * 5 * 768
     assert "hf-overrides" not in kv_capacity.plan(profile, 2)["vllm_args"]
 
 
