@@ -138,3 +138,102 @@ def test_the_head_verifies_each_start_against_the_plan_and_the_workers_do_not(re
     # What differs between the ranks (node rank, headless, the host it listens on) changes no identity.
     assert re.fullmatch(r"[0-9a-f]{40}", identity["args"])
     assert json.loads(rendered("spark-b", "verify.json"))["known_answer"]["identity"] == identity
+
+
+# --------------------------------------------------------------------------------------------- spark3: TP3, padded
+
+REVISION = "0123abcd" * 5
+SPARK3_MARKER = {"revision": REVISION, "manifest_sha256": "e" * 64, "files": []}
+
+
+@pytest.fixture(scope="module")
+def rendered3(tmp_path_factory):
+    """The spark3 example (GLM-5.3-Flash NVFP4 at TP3 on a triangle) rendered as the serve stage writes it."""
+    import base64
+
+    base = tmp_path_factory.mktemp("gb10-tp3")
+    extravars = {"render_dir": str(base / "out"), "ansible_connection": "local", "render_nccl": False,
+                 "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                 "sparkfleet_api_key": "key-for-rendering-only", "sparkfleet_node": GB10_FACTS,
+                 "__vllm_service_fabric_if": "enp1s0f1np1",
+                 "__vllm_service_systemd": {"stdout_lines": ["systemd 255 (255.4-1ubuntu8.6)"]},
+                 "__vllm_service_weights_marker": {
+                     "content": base64.b64encode(json.dumps(SPARK3_MARKER).encode()).decode()}}
+    runner = run_playbook(base / "run", os.path.join(ROOT, "tests/integration/playbooks/render_rank.yml"),
+                          inventory=os.path.join(ROOT, "inventory/examples/spark3/hosts.yml"), extravars=extravars)
+    assert runner.status == "successful", output(runner)[-4000:]
+    assert "key-for-rendering-only" not in output(runner)
+    return lambda host, name: (base / "out" / host / name).read_text()
+
+
+def test_spark3_ranks_load_the_padded_view_with_the_padded_sizes_and_the_loaders_switch(rendered3):
+    view = ("/var/lib/sparkfleet/hf/hub/models--local-inference-lab--GLM-5.3-Flash-NVFP4/sparkfleet-padded/"
+            f"{REVISION}-tp3")
+    for rank, host in enumerate(("spark-a", "spark-b", "spark-c")):
+        serve = command_line(rendered3(host, "vllm-launch"))
+        serve = serve[serve.index("sparkfleet/vllm:current") + 1:]
+        assert serve[:2] == ["serve", view], host
+        options = " ".join(serve)
+        for flags in ("--tensor-parallel-size 3", "--nnodes 3", f"--node-rank {rank}", "--master-addr 192.168.1.101",
+                      "--kv-cache-dtype fp8_e4m3", "--mm-encoder-tp-mode data", "--max-model-len 524288"):
+            assert flags in options, (host, flags)
+        heads = {"num_attention_heads": 66, "num_key_value_heads": 66, "linear_num_heads": 66,
+                 "moe_intermediate_size": 2112}
+        assert json.loads(serve[serve.index("--hf-overrides") + 1]) == {**heads, "text_config": heads}
+        env = dict(line.split("=", 1) for line in rendered3(host, "vllm.env").splitlines()
+                   if line and not line.startswith("#"))
+        assert json.loads(env["SPARKFLEET_TP_PADDING"]) == {"tp": 3, "widths": [[64, 66], [2048, 2112]],
+                                                           "vocab": True}
+        assert ("--headless" in serve) == (rank > 0)
+
+
+def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_when_nothing_pads(tmp_path):
+    """The weights stage's module on a hub cache holding a verified GLM-5.3-Flash snapshot (its config.json with the
+    model's sizes; the weights themselves are links the view follows, never read)."""
+    repo = tmp_path / "hub" / "models--local-inference-lab--GLM-5.3-Flash-NVFP4"
+    snapshot = repo / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    sizes = {"num_attention_heads": 64, "num_key_value_heads": 64, "linear_num_heads": 64,
+             "moe_intermediate_size": 2048}
+    config = {"architectures": ["Glm5NextForConditionalGeneration"], **sizes, "vocab_size": 154880,
+              "text_config": dict(sizes, hidden_size=6144)}
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model-00001-of-00041.safetensors").write_text("weights")
+    (repo / ".sparkfleet-verified.json").write_text(json.dumps(SPARK3_MARKER))
+    playbook = tmp_path / "view.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "name": "Keep the padded view", "hosts": "localhost", "gather_facts": False,
+        "vars": {"profile": "{{ lookup('sparkfleet.cluster.model_profile', 'glm-5.3-flash-nvfp4-tp3') }}"},
+        "tasks": [{"name": "View", "register": "view", "sparkfleet.cluster.tp_padded_checkpoint": {
+            "cache_dir": str(tmp_path / "hub"), "repo_id": "local-inference-lab/GLM-5.3-Flash-NVFP4",
+            "tensor_parallel_size": 3,
+            "padding": "{{ (profile | sparkfleet.cluster.kv_plan(3)).tp_padding if pad | bool else {} }}"}},
+            {"name": "Keep what it returned", "check_mode": False, "ansible.builtin.copy": {
+                "content": "{{ view | to_json }}", "dest": "{{ result_file }}", "mode": "0600"}}]}]))
+
+    def run(name, pad=True, cmdline=""):
+        result_file = tmp_path / f"{name}.json"
+        result = run_playbook(tmp_path / name, str(playbook), extravars={"pad": pad, "result_file": str(result_file)},
+                              cmdline=cmdline)
+        assert result.status == "successful", output(result)[-3000:]
+        return json.loads(result_file.read_text())
+
+    checked = run("check", cmdline="--check")
+    view = repo / "sparkfleet-padded" / f"{REVISION}-tp3"
+    assert checked["changed"] and checked["path"] == str(view) and not view.exists()
+    made = run("make")
+    assert made["changed"] and made["config"] == {"num_attention_heads": [64, 66], "moe_intermediate_size": [2048, 2112]}
+    padded = json.loads((view / "config.json").read_text())
+    assert padded["num_attention_heads"] == padded["text_config"]["linear_num_heads"] == 66
+    assert padded["moe_intermediate_size"] == 2112 and padded["vocab_size"] == 154880
+    assert padded["text_config"]["hidden_size"] == 6144
+    assert json.loads((view / "config.json.orig").read_text()) == config
+    assert (view / "model-00001-of-00041.safetensors").read_text() == "weights"
+    assert os.path.islink(view / "model-00001-of-00041.safetensors")
+    assert json.loads((snapshot / "config.json").read_text()) == config  # the verified snapshot is untouched
+    assert not run("again")["changed"]
+    (view / "config.json").write_text("{}")  # drift is put back
+    assert run("repair")["changes"] == ["config.json"]
+    removed = run("unpadded", pad=False)
+    assert removed["changed"] and not (repo / "sparkfleet-padded").exists()
+    assert removed["path"] == str(snapshot)
