@@ -12,13 +12,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration integration-serve integration-labs molecule host build clean
+.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration integration-serve integration-labs integration-tp3 tp3 molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
 	@echo "make test         everything CI runs: host, lint, sanity (with the unit tests), kernels, image, integration"
 	@echo "                  (with molecule's site scenario on its lab), timed per stage"
 	@echo "make unit         the unit tests alone, with pytest"
+	@echo "make tp3          TP3 for real: a 3-node lab serves a model whose dimensions do not divide by 3, padded,"
+	@echo "                  and gives the tokens of the unpadded model at TP1 (not part of make test)"
 	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, the lab playbook"
 	@echo "                  again, idempotence, verify, destroy)"
 	@echo "make sanity       the Ansible ecosystem's checks: ansible-test sanity and units, galaxy-importer on the"
@@ -120,7 +122,8 @@ kernels: kernels-deps
 # conftest's order (the serving lab's chain, the longest, first), not by their number of tests.
 INTEGRATION_WORKERS ?= 2
 integration: deps
-	pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
+	pytest tests/integration --ignore=tests/integration/test_tp3.py -n $(INTEGRATION_WORKERS) --dist loadscope \
+	  --no-loadscope-reorder --durations=25
 
 # The two halves of `integration`, each a pytest session of its own: the serving lab's chain (molecule's site
 # scenario, the serving tests and drills), and every other test (the other labs' groups, one after the other).
@@ -128,7 +131,17 @@ integration-serve: deps
 	pytest tests/integration/test_serve.py --durations=25
 
 integration-labs: deps
-	pytest tests/integration --ignore=tests/integration/test_serve.py --durations=25
+	pytest tests/integration --ignore=tests/integration/test_serve.py --ignore=tests/integration/test_tp3.py \
+	  --durations=25
+
+# TP3 for real (docs/tp-padding.md): a 3-node lab serving a model whose dimensions do not divide by 3, padded by
+# the roles, compared token by token with the unpadded model at TP1. Its own lab and a 3-node converge: not in
+# `make test` (40 minutes), timed here by stage as `make test` is.
+tp3: deps
+	@scripts/run-stages deps integration-tp3
+
+integration-tp3: deps
+	pytest tests/integration/test_tp3.py --durations=10
 
 molecule: deps
 	molecule test -s site

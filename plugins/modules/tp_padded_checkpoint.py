@@ -11,9 +11,9 @@ module: tp_padded_checkpoint
 short_description: Keep the padded view of a verified checkpoint for a tensor-parallel size that pads
 description:
   - For a group whose plan pads the model (see C(docs/tp-padding.md)), writes beside the verified snapshot of
-    O(repo_id) in O(cache_dir) the directory C(sparkfleet-padded/<revision>-tp<N>): a relative link to every file
-    of the snapshot except C(config.json), C(config.json) with the padded sizes of O(padding) (vLLM's MTP drafter
-    reads the file, not C(--hf-overrides)), C(config.json.orig) linking the checkpoint's own, and
+    O(repo_id) in O(cache_dir) the directory C(sparkfleet-padded/<revision>-tp<N>). It holds a relative link to
+    every file of the snapshot except C(config.json), a C(config.json) with the padded sizes of O(padding) (vLLM's
+    MTP drafter reads the file, not C(--hf-overrides)), C(config.json.orig) linking the checkpoint's own, and
     C(.sparkfleet-padding.json) naming the verified revision and manifest it was made from, written last.
   - The snapshot itself is never changed, so the weights stage's verification and scrub still cover every file
     the view points at. Views of other revisions or sizes are removed; O(state=absent) removes every view.

@@ -42,12 +42,13 @@ SITE = os.path.join(ROOT, "site.yml")
 TOPOLOGIES = {"triangle": 3, "ring": 4}
 # Every lab of the session, and the stages it is converged through when it is made (the 2-node lab is converged
 # by molecule's scenario, in the tests).
-LAB_KEYS = ("main", "weights", *TOPOLOGIES)
+# "tp3" is make tp3's: three nodes serving the padding proof's model (test_tp3), not part of make test.
+LAB_KEYS = ("main", "weights", *TOPOLOGIES, "tp3")
 CONVERGE = {"weights": "preflight,fabric", "triangle": "preflight,node,fabric", "ring": "preflight,fabric"}
 # Each lab's subnets come from a range of its own (the lab role's default range is 10.213.0.0/16), so that labs
 # made at the same time on different workers never pick the same free subnet.
 SUBNET_POOLS = {"main": "10.213.0.0/18", "weights": "10.213.64.0/18", "triangle": "10.213.128.0/18",
-                "ring": "10.213.192.0/18"}
+                "ring": "10.213.192.0/18", "tp3": "10.214.0.0/18"}
 # The topology whose lab the node and container-runtime tests share (its converge takes the node stage too).
 NODE_TESTS_LAB = "triangle"
 
@@ -84,6 +85,8 @@ class Labs:
                      "lab_subnet_pool": SUBNET_POOLS[key]}
         if key in TOPOLOGIES:
             extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
+        if key == "tp3":
+            extravars.update(lab_nodes=3, lab_model_profile="tiny-cpu-padded")
         return extravars
 
     def get(self, key):
@@ -176,6 +179,12 @@ def weights_lab(labs):
     return labs.get("weights")
 
 
+@pytest.fixture(scope="session")
+def tp3_lab(labs):
+    """Three nodes on a switch serving profiles/tiny-cpu-padded.yml at TP3 (make tp3); converged by its test."""
+    return labs.get("tp3")
+
+
 @pytest.fixture(scope="module")
 def fabric_lab(request, labs):
     """The bare-port lab of a topology (the test's parameter, NODE_TESTS_LAB by default), converged once through
@@ -187,7 +196,8 @@ def fabric_lab(request, labs):
 def labs_used(item):
     """The keys of the labs a collected test uses."""
     names = set(item.fixturenames)
-    used = {key for key, fixture in (("main", "lab"), ("weights", "weights_lab")) if fixture in names}
+    used = {key for key, fixture in (("main", "lab"), ("weights", "weights_lab"), ("tp3", "tp3_lab"))
+            if fixture in names}
     if "fabric_lab" in names:
         callspec = getattr(item, "callspec", None)
         used.add(callspec.params.get("fabric_lab", NODE_TESTS_LAB) if callspec else NODE_TESTS_LAB)
@@ -205,7 +215,7 @@ LAST_USER = {}
 MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_kv_pool", "test_tp_padding",
                 "test_collection_build",
                 "test_gb10_rank", "test_lab", "test_bad_inventory", "test_bad_inputs", "test_weights", "test_lab_grow",
-                "test_fabric", "test_node", "test_container_runtime")
+                "test_fabric", "test_node", "test_container_runtime", "test_tp3")
 
 
 # The integration stage runs on pytest-xdist workers, one group of tests per worker at a time: each lab's users
@@ -213,11 +223,12 @@ MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_kv_
 # without a lab is a group of its own (its module fixtures, e.g. the vLLM boots, are made once). The groups run
 # side by side. The scheduler sees test ids only, so the groups are named by module here, and the collection
 # checks them against the labs each test really uses.
-LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric"}
+LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric",
+              "tp3": "lab-tp3"}
 MODULE_GROUPS = {"test_lab": "lab-weights", "test_bad_inventory": "lab-weights", "test_serve": "lab-main",
                  "test_bad_inputs": "lab-weights", "test_weights": "lab-weights", "test_lab_grow": "lab-weights",
                  "test_fabric": "lab-fabric",
-                 "test_node": "lab-fabric", "test_container_runtime": "lab-fabric"}
+                 "test_node": "lab-fabric", "test_container_runtime": "lab-fabric", "test_tp3": "lab-tp3"}
 
 
 def module_of(nodeid):

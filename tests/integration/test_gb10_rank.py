@@ -222,7 +222,8 @@ def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_wh
     view = repo / "sparkfleet-padded" / f"{REVISION}-tp3"
     assert checked["changed"] and checked["path"] == str(view) and not view.exists()
     made = run("make")
-    assert made["changed"] and made["config"] == {"num_attention_heads": [64, 66], "moe_intermediate_size": [2048, 2112]}
+    assert made["changed"]
+    assert made["config"] == {"num_attention_heads": [64, 66], "moe_intermediate_size": [2048, 2112]}
     padded = json.loads((view / "config.json").read_text())
     assert padded["num_attention_heads"] == padded["text_config"]["linear_num_heads"] == 66
     assert padded["moe_intermediate_size"] == 2112 and padded["vocab_size"] == 154880

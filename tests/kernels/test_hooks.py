@@ -78,3 +78,40 @@ def test_pdl_is_kept_to_sm9_and_sm10_unless_switched_off(monkeypatch) -> None:
     assert [hooks.pdl_allowed(major) for major in (9, 10, 12)] == [True, True, False]
     monkeypatch.setenv("SPARKFLEET_PDL_SM9_10_ONLY", "off")
     assert hooks.pdl_allowed(12) is True
+
+
+PADDING = '{"tp": 3, "widths": [[10, 12], [2048, 2112]], "vocab": true}'
+
+
+def test_a_shard_past_the_checkpoint_is_zero_filled_only_on_a_padded_group(monkeypatch) -> None:
+    weight = torch.randn(10 * 4, 6)  # 10 heads of 4 rows
+    monkeypatch.delenv(hooks.TP_PADDING_ENV, raising=False)
+    assert hooks.shard_source(weight, 0, 32, 16) is weight  # not padded: stock narrow fails on its own
+    monkeypatch.setenv(hooks.TP_PADDING_ENV, PADDING)
+    assert hooks.shard_source(weight, 0, 16, 16) is weight  # inside the tensor: untouched
+    padded = hooks.shard_source(weight, 0, 32, 16)  # rank 2 of 3, 4 heads of 4 rows: 2 real, 2 zero
+    assert padded.shape == (48, 6) and torch.equal(padded[:40], weight) and not padded[40:].any()
+    # Packed along the input dim (NVFP4: two values a byte) and its block scales keep the ratio 2048 : 2112.
+    packed = torch.ones(8, 1024, dtype=torch.uint8)
+    assert hooks.shard_source(packed, 1, 704, 352).shape == (8, 1056)
+    scales = torch.ones(8, 128)
+    assert hooks.shard_source(scales, 1, 88, 44).shape == (8, 132)
+    assert hooks.shard_source(torch.tensor(1.0), 0, 0, 1).ndim == 0  # scalars are never cut
+
+
+def test_a_checkpoint_the_padding_does_not_describe_is_refused_not_filled(monkeypatch) -> None:
+    monkeypatch.setenv(hooks.TP_PADDING_ENV, PADDING)
+    with pytest.raises(ValueError, match=r"width 36 along dim 0.*expected the checkpoint size of one of"):
+        hooks.shard_source(torch.randn(36, 6), 0, 32, 16)
+    monkeypatch.setenv(hooks.TP_PADDING_ENV, "{not json")
+    with pytest.raises(ValueError, match=r"SPARKFLEET_TP_PADDING: found .*converge the group again"):
+        hooks.shard_source(torch.randn(40, 6), 0, 32, 16)
+
+
+def test_the_vocabulary_unit_is_lcm_64_tp_on_a_group_that_pads_it(monkeypatch) -> None:
+    monkeypatch.delenv(hooks.TP_PADDING_ENV, raising=False)
+    assert hooks.vocab_padding(64, 3) == 64
+    monkeypatch.setenv(hooks.TP_PADDING_ENV, PADDING)
+    assert hooks.vocab_padding(64, 3) == 192
+    monkeypatch.setenv(hooks.TP_PADDING_ENV, '{"tp": 3, "widths": [[10, 12]], "vocab": false}')
+    assert hooks.vocab_padding(64, 3) == 64
