@@ -26,6 +26,7 @@ Pure Python (standard library): used by the planner, the preflight, the weights 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -277,3 +278,25 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
     os.chmod(temporary, 0o644)
     os.replace(temporary, path)
+
+
+def view_drift(view: str, snapshot: str, revision: str) -> list[str]:
+    """What makes a padded view no longer the one the weights stage made of this verified snapshot (empty: none):
+    the check before every engine start, next to the snapshot's own."""
+    try:
+        with open(os.path.join(view, RECORD), encoding="utf-8") as handle:
+            record = json.load(handle)
+        with open(os.path.join(view, "config.json"), "rb") as handle:
+            config_sha256 = hashlib.sha256(handle.read()).hexdigest()
+    except (OSError, ValueError) as exc:
+        return [f"padded view {view}: {exc.__class__.__name__} ({exc})"]
+    drift = []
+    if record.get("revision") != revision:
+        drift.append(f"padded view {view}: made of revision {record.get('revision')}, not the verified {revision}")
+    if record.get("config_sha256") != config_sha256:
+        drift.append(f"padded view {view}: config.json changed since it was written")
+    wanted = view_entries(snapshot, view, "")
+    for name, (kind, target) in wanted.items():
+        if kind == "link" and _entry_state(os.path.join(view, name)) != (kind, target):
+            drift.append(f"padded view {view}: {name} no longer links the verified snapshot's file")
+    return drift

@@ -14,7 +14,8 @@ description:
     O(repo_id) in O(cache_dir) the directory C(sparkfleet-padded/<revision>-tp<N>). It holds a relative link to
     every file of the snapshot except C(config.json), a C(config.json) with the padded sizes of O(padding) (vLLM's
     MTP drafter reads the file, not C(--hf-overrides)), C(config.json.orig) linking the checkpoint's own, and
-    C(.sparkfleet-padding.json) naming the verified revision and manifest it was made from, written last.
+    C(.sparkfleet-padding.json) naming the verified revision and manifest it was made from and the padded
+    C(config.json)'s sha256, written last (checked before every engine start, as the snapshot is).
   - The snapshot itself is never changed, so the weights stage's verification and scrub still cover every file
     the view points at. Views of other revisions or sizes are removed; O(state=absent) removes every view.
   - Fails, changing nothing, when no verified checkpoint is there, or when the checkpoint's C(config.json) does
@@ -44,8 +45,13 @@ options:
     default: present
 attributes:
   check_mode:
+    description: Runs in check mode (C(--check)), reporting what it would change without changing it.
     support: full
-author: sparkfleet developers
+  diff_mode:
+    description: Returns a diff of what it changes when run with C(--diff).
+    support: none
+author:
+  - sparkfleet developers (@sparkfleet)
 """
 
 EXAMPLES = r"""
@@ -78,6 +84,7 @@ config:
   type: dict
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -120,6 +127,7 @@ def main():
         wanted = tp_padding.view_dir(repo, revision, params["tensor_parallel_size"])
         text = json.dumps(padded, indent=2, sort_keys=False) + "\n"
         record = json.dumps({"revision": revision, "manifest_sha256": marker.get("manifest_sha256"),
+                             "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
                              "tensor_parallel_size": params["tensor_parallel_size"],
                              "dimensions": [[d["keys"], d["size"], d["padded_size"]]
                                             for d in padding.get("dimensions", [])]},

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import ROOT, output, run_playbook
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import tp_padding
+
 GB10_FACTS = {"accelerator": {"kind": "nvidia", "count": 1, "devices": [{"model": "NVIDIA GB10"}]},
               "rdma": {"present": True, "devices": [{"name": "rocep1s0f1", "netdevs": ["enp1s0f1np1"]}]}}
 
@@ -233,8 +235,14 @@ def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_wh
     assert os.path.islink(view / "model-00001-of-00041.safetensors")
     assert json.loads((snapshot / "config.json").read_text()) == config  # the verified snapshot is untouched
     assert not run("again")["changed"]
-    (view / "config.json").write_text("{}")  # drift is put back
+    # What every engine start checks (sparkfleet-verify weights) beside the snapshot's own marker.
+    assert tp_padding.view_drift(str(view), str(snapshot), REVISION) == []
+    (view / "config.json").write_text("{}")  # drift is reported before a start and put back by the next run
+    assert tp_padding.view_drift(str(view), str(snapshot), REVISION) == [
+        f"padded view {view}: config.json changed since it was written"]
+    assert "made of revision" in tp_padding.view_drift(str(view), str(snapshot), "f" * 40)[0]
     assert run("repair")["changes"] == ["config.json"]
+    assert tp_padding.view_drift(str(view), str(snapshot), REVISION) == []
     removed = run("unpadded", pad=False)
     assert removed["changed"] and not (repo / "sparkfleet-padded").exists()
     assert removed["path"] == str(snapshot)

@@ -105,3 +105,18 @@ def test_the_padded_tp3_group_gives_the_tokens_and_logprobs_of_unpadded_tp1(conv
     NOTES.append(f"tp3 lab: padded TP3 over three nodes vs TP1: {sum(len(a['tokens']) for a in group)} tokens "
                  f"compared, largest logprob difference {largest:.2e}")
     assert not problems, "\n".join(problems)
+
+
+def test_a_changed_padded_config_is_refused_before_any_engine_start(converged, tp3_lab):
+    """The check every rank runs before its engine starts covers the padded view as well as the snapshot."""
+    check = ["/usr/local/libexec/sparkfleet/sparkfleet-verify", "weights", "--config", "/etc/sparkfleet/verify.json"]
+    assert on_node(tp3_lab, "node1", *check, check=False).returncode == 0
+    config = on_node(tp3_lab, "node1", "sh", "-c", f"ls -d {VIEW_ROOT}/sparkfleet-padded/*-tp3").stdout.strip()
+    config += "/config.json"
+    kept = on_node(tp3_lab, "node1", "cat", config).stdout
+    on_node(tp3_lab, "node1", "sh", "-c", f"printf '{{}}' > {config}")
+    refused = on_node(tp3_lab, "node1", *check, check=False)
+    assert refused.returncode != 0
+    assert "config.json changed since it was written" in refused.stdout + refused.stderr
+    on_node(tp3_lab, "node1", "python3", "-c", f"open({config!r}, 'w').write({kept!r})")
+    assert on_node(tp3_lab, "node1", *check, check=False).returncode == 0

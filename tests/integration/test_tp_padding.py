@@ -56,9 +56,8 @@ def seamed_vllm(cpu_vllm_python, tmp_path_factory):
     overlay = tmp_path_factory.mktemp("seamed-vllm")
     subprocess.run(["cp", "-al", os.path.join(site, "vllm"), str(overlay / "vllm")], check=True)
     files = os.path.join(ROOT, "files")
-    applied = subprocess.run([cpu_vllm_python, "-m", "sparkfleet_vllm", "apply", "--padding", "--vllm-dir",
-                              str(overlay / "vllm")], capture_output=True, text=True, env=dict(os.environ,
-                             PYTHONPATH=files), check=False)
+    argv = [cpu_vllm_python, "-m", "sparkfleet_vllm", "apply", "--padding", "--vllm-dir", str(overlay / "vllm")]
+    applied = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=files), check=False)
     assert applied.returncode == 0, applied.stderr
     assert "vLLM 0.32.0" in applied.stdout and "3 seams applied; 3 files written" in applied.stdout
     # apply writes a new file in place of the link: the shared venv's own file is untouched
