@@ -9,7 +9,7 @@ PROMPTS = ("The quick brown fox", "Hello world, this is", "1 2 3 4 5 6", "Once u
            "sparkfleet pads heads with zeros", "<|user|> why is the sky blue?")
 MAX_TOKENS = 16
 # float32 end to end: the sums of three ranks and of one differ by rounding alone (measured: at most ~2e-6).
-LOGPROB_TOLERANCE = 1e-3
+LOGPROB_TOLERANCE = 1e-4
 
 
 def greedy(url, model, api_key=None, timeout=300):

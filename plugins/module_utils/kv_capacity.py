@@ -84,7 +84,8 @@ def speculative_tokens(args: Mapping[str, Any]) -> int:
     return 0
 
 
-def _token_bytes(name: str, layer: Mapping[str, Any], dtype: str, tp: int, extra_layers: int) -> float:
+def _token_bytes(name: str, layer: Mapping[str, Any], dtype: str, tp: int, extra_layers: int,
+                 padded_heads: Mapping[int, int] | None = None) -> float:
     table = layer.get("bytes_per_token") or {}
     if dtype in table:
         per_entry = table[dtype]
@@ -95,8 +96,9 @@ def _token_bytes(name: str, layer: Mapping[str, Any], dtype: str, tp: int, extra
                         f"one of {', '.join(sorted(table))}",
                         "set the profile's kv_cache_dtype to a supported format or add its byte size")
     heads = layer.get("kv_heads")
-    # A size that does not divide is padded to the next multiple of tp (tp_padding), so a rank holds the ceiling.
-    per_rank_heads = max(1, math.ceil(int(heads) / tp)) if heads and int(heads) >= tp else 1
+    if heads:  # padded KV heads (tp_padding) are split as the padded size
+        heads = (padded_heads or {}).get(int(heads), int(heads))
+    per_rank_heads = max(1, int(heads) // tp) if heads else 1
     layers = int(layer["layers"]) + extra_layers
     return layers * per_rank_heads * float(per_entry) / int(layer.get("tokens_per_entry", 1))
 
@@ -135,8 +137,10 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
         raise PlanError(err.found, err.expected, err.fix, key=f"profile {err.key}") from err
     if split["hf_overrides"]:
         # The padded sizes reach vLLM's config through --hf-overrides, over any the profile sets itself.
-        given = args.get("hf-overrides")
-        args["hf-overrides"] = _merged_overrides(given if isinstance(given, Mapping) else {}, split["hf_overrides"])
+        args["hf-overrides"] = _merged_overrides(_overrides_given(args.get("hf-overrides")), split["hf_overrides"])
+    # KV heads a rank holds: a padded dimension's share where the layer's heads are one.
+    padded_heads = {dim["size"]: dim["padded_size"] for dim in split["dimensions"]
+                    if "num_key_value_heads" in dim["keys"]}
     max_len = int(max_model_len or args.get("max-model-len") or profile["max_model_len"])
     # The stored KV format: the profile's, unless the inventory overrides --kv-cache-dtype (e.g. fp8_ds_mla to
     # roll the NVFP4 store back), which then must be a format the profile knows the size of.
@@ -147,7 +151,7 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
     memory = capacity.get("memory") or {}
 
     try:
-        per_token = sum(_token_bytes(name, layer, dtype, tp, int(spec_layers.get(name, 0)))
+        per_token = sum(_token_bytes(name, layer, dtype, tp, int(spec_layers.get(name, 0)), padded_heads)
                         for name, layer in (capacity.get("token_layers") or {}).items())
     except PlanError as err:
         if (args_overrides or {}).get("kv-cache-dtype"):  # the inventory's override, not the profile, chose it
@@ -218,6 +222,22 @@ def plan(profile: Mapping[str, Any], tensor_parallel_size: int, args_overrides: 
         "tp_padding": {key: split[key]
                        for key in ("padded", "dimensions", "vocab", "env", "problems", "config_sections")},
     }
+
+
+def _overrides_given(given: Any) -> Mapping[str, Any]:
+    """The profile's or inventory's own --hf-overrides, as a mapping (vLLM takes it as JSON text too)."""
+    if given is None:
+        return {}
+    parsed = given
+    if isinstance(given, str):
+        try:
+            parsed = json.loads(given)
+        except ValueError:
+            parsed = None
+    if not isinstance(parsed, Mapping):
+        raise PlanError(f"hf-overrides {given!r}", "a mapping (or its JSON text), which the padded sizes are added to",
+                        "write hf-overrides as a mapping", key="sparkfleet_vllm_args: hf-overrides")
+    return parsed
 
 
 def _merged_overrides(given: Mapping[str, Any], padded: Mapping[str, Any]) -> dict[str, Any]:

@@ -193,7 +193,12 @@ def padded_config(config: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[st
     for dim in plan["dimensions"]:
         if dim["padded_size"] == dim["size"]:
             continue
+        if not any(key in place for _, place in places for key in dim["keys"]):
+            raise PaddingError(f"config.json {', '.join(dim['keys'])}", "none of these keys",
+                               f"the keys that hold the {dim['name']} ({dim['size']} before padding)",
+                               "name the checkpoint's own keys in the profile's tensor_parallel section")
         for prefix, place in places:
+            _refuse_regrouped_heads(prefix, place, dim)
             for key in dim["keys"]:
                 if key not in place:
                     continue
@@ -211,6 +216,19 @@ def padded_config(config: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[st
 
 VIEWS = "sparkfleet-padded"
 RECORD = ".sparkfleet-padding.json"
+
+
+def _refuse_regrouped_heads(prefix: str, place: Mapping[str, Any], dim: Mapping[str, Any]) -> None:
+    """Query heads padded without their KV heads regroup grouped-query attention: each query head would read
+    another KV head than the one it was trained with, and the output would be wrong without any error."""
+    heads, kv_heads = place.get("num_attention_heads"), place.get("num_key_value_heads")
+    if "num_attention_heads" in dim["keys"] and "num_key_value_heads" not in dim["keys"] \
+            and kv_heads is not None and kv_heads != heads:
+        raise PaddingError(
+            f"config.json {prefix}num_key_value_heads", f"{kv_heads} KV heads for {heads} query heads",
+            "as many KV heads as query heads (multi-head or MLA attention), padded in the same dimension",
+            "do not pad this model's heads: choose a tensor-parallel size that divides them (zero heads appended to "
+            "grouped-query attention change which KV head each query head reads)")
 
 
 def view_dir(repo: str, revision: str, tensor_parallel_size: int) -> str:
@@ -280,9 +298,10 @@ def _write(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
-def view_drift(view: str, snapshot: str, revision: str) -> list[str]:
-    """What makes a padded view no longer the one the weights stage made of this verified snapshot (empty: none):
-    the check before every engine start, next to the snapshot's own."""
+def view_drift(view: str, snapshot: str, revision: str, padding: str | None = None) -> list[str]:
+    """What makes a padded view no longer the one the weights stage made of this verified snapshot for this
+    padding (the rank's SPARKFLEET_TP_PADDING, when given); empty: nothing. The check before every engine start,
+    next to the snapshot's own."""
     try:
         with open(os.path.join(view, RECORD), encoding="utf-8") as handle:
             record = json.load(handle)
@@ -293,6 +312,8 @@ def view_drift(view: str, snapshot: str, revision: str) -> list[str]:
     drift = []
     if record.get("revision") != revision:
         drift.append(f"padded view {view}: made of revision {record.get('revision')}, not the verified {revision}")
+    if padding is not None and record.get("padding") != padding:
+        drift.append(f"padded view {view}: made for the padding {record.get('padding')}, not this group's {padding}")
     if record.get("config_sha256") != config_sha256:
         drift.append(f"padded view {view}: config.json changed since it was written")
     wanted = view_entries(snapshot, view, "")

@@ -207,6 +207,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import tp_padding
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import weights as w
 
 
@@ -523,7 +524,8 @@ def rsync_pull(job, progress):
     dest = w.repo_dir(job.cache_dir, job.repo_id) + "/"
     os.makedirs(dest, exist_ok=True)
     argv = ["rsync", "-a", "--partial", "--append-verify", "--info=progress2", "--stats", "--no-inc-recursive",
-            "--timeout=30", f"--exclude={w.MARKER}", "--exclude=*.incomplete"]
+            "--timeout=30", f"--exclude={w.MARKER}", "--exclude=*.incomplete",
+            f"--exclude=/{tp_padding.VIEWS}/"]  # each node keeps its own padded view of what it verified
     if peer.get("bwlimit_kib"):
         argv.append(f"--bwlimit={peer['bwlimit_kib']}")
     if peer.get("transport") == "rsyncd":

@@ -17,7 +17,9 @@ description:
     C(.sparkfleet-padding.json) naming the verified revision and manifest it was made from and the padded
     C(config.json)'s sha256, written last (checked before every engine start, as the snapshot is).
   - The snapshot itself is never changed, so the weights stage's verification and scrub still cover every file
-    the view points at. Views of other revisions or sizes are removed; O(state=absent) removes every view.
+    the view points at. Views of other revisions or sizes are kept, as the weights stage keeps earlier snapshots
+    (a rollback of C(upgrade.yml) starts the group it kept on its own view again); O(state=absent) removes every
+    view.
   - Fails, changing nothing, when no verified checkpoint is there, or when the checkpoint's C(config.json) does
     not hold the sizes the profile describes.
 version_added: 0.9.0
@@ -39,7 +41,8 @@ options:
     type: dict
     default: {}
   state:
-    description: C(present) keeps the view of a padded plan (and removes it when the plan pads nothing).
+    description: C(present) keeps the view of a padded plan (a plan that pads nothing needs none, and nothing is
+      done); C(absent) removes every view of the checkpoint.
     type: str
     choices: [present, absent]
     default: present
@@ -74,7 +77,7 @@ padded:
   returned: success
   type: bool
 changes:
-  description: The names of the view written or removed (views removed as C(<dir>/)).
+  description: The names of the view written or removed (views removed by O(state=absent) as C(<dir>/)).
   returned: success
   type: list
   elements: str
@@ -106,7 +109,6 @@ def main():
     repo = weights.repo_dir(params["cache_dir"], params["repo_id"])
     views = os.path.join(repo, tp_padding.VIEWS)
     padding = params["padding"] or {}
-    wanted = None
     result = {"changed": False, "padded": False, "changes": [], "config": {}}
     if params["state"] == "present" and padding.get("padded"):
         marker = weights.read_marker(params["cache_dir"], params["repo_id"])
@@ -129,6 +131,7 @@ def main():
         record = json.dumps({"revision": revision, "manifest_sha256": marker.get("manifest_sha256"),
                              "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
                              "tensor_parallel_size": params["tensor_parallel_size"],
+                             "padding": (padding.get("env") or {}).get(tp_padding.ENV),
                              "dimensions": [[d["keys"], d["size"], d["padded_size"]]
                                             for d in padding.get("dimensions", [])]},
                             sort_keys=True, indent=2) + "\n"
@@ -142,15 +145,10 @@ def main():
     else:
         marker = weights.read_marker(params["cache_dir"], params["repo_id"]) or {}
         result["path"] = weights.snapshot_dir(params["cache_dir"], params["repo_id"], marker.get("revision", ""))
-    stale = sorted(name for name in (os.listdir(views) if os.path.isdir(views) else [])
-                   if wanted is None or os.path.join(views, name) != wanted)
-    if stale:
-        result["changes"] = result["changes"] + [f"{name}/" for name in stale]
+    if params["state"] == "absent" and os.path.isdir(views):
+        result["changes"] = [f"{name}/" for name in sorted(os.listdir(views))] or [f"{tp_padding.VIEWS}/"]
         if not module.check_mode:
-            for name in stale:
-                shutil.rmtree(os.path.join(views, name), ignore_errors=True)
-            if wanted is None:
-                shutil.rmtree(views, ignore_errors=True)
+            shutil.rmtree(views)
     result["changed"] = bool(result["changes"])
     module.exit_json(**result)
 

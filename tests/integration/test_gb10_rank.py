@@ -189,7 +189,7 @@ def test_spark3_ranks_load_the_padded_view_with_the_padded_sizes_and_the_loaders
         assert ("--headless" in serve) == (rank > 0)
 
 
-def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_when_nothing_pads(tmp_path):
+def test_spark3_padded_view_is_written_once_checked_in_check_mode_kept_and_removed_on_request(tmp_path):
     """The weights stage's module on a hub cache holding a verified GLM-5.3-Flash snapshot (its config.json with the
     model's sizes; the weights themselves are links the view follows, never read)."""
     repo = tmp_path / "hub" / "models--local-inference-lab--GLM-5.3-Flash-NVFP4"
@@ -208,15 +208,15 @@ def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_wh
         "vars": {"profile": "{{ lookup('sparkfleet.cluster.model_profile', 'glm-5.3-flash-nvfp4-tp3') }}"},
         "tasks": [{"name": "View", "register": "view", "sparkfleet.cluster.tp_padded_checkpoint": {
             "cache_dir": str(tmp_path / "hub"), "repo_id": "local-inference-lab/GLM-5.3-Flash-NVFP4",
-            "tensor_parallel_size": 3,
+            "tensor_parallel_size": 3, "state": "{{ state }}",
             "padding": "{{ (profile | sparkfleet.cluster.kv_plan(3)).tp_padding if pad | bool else {} }}"}},
             {"name": "Keep what it returned", "check_mode": False, "ansible.builtin.copy": {
                 "content": "{{ view | to_json }}", "dest": "{{ result_file }}", "mode": "0600"}}]}]))
 
-    def run(name, pad=True, cmdline=""):
+    def run(name, pad=True, cmdline="", state="present"):
         result_file = tmp_path / f"{name}.json"
-        result = run_playbook(tmp_path / name, str(playbook), extravars={"pad": pad, "result_file": str(result_file)},
-                              cmdline=cmdline)
+        result = run_playbook(tmp_path / name, str(playbook), cmdline=cmdline,
+                              extravars={"pad": pad, "state": state, "result_file": str(result_file)})
         assert result.status == "successful", output(result)[-3000:]
         return json.loads(result_file.read_text())
 
@@ -243,6 +243,10 @@ def test_spark3_padded_view_is_written_once_checked_in_check_mode_and_removed_wh
     assert "made of revision" in tp_padding.view_drift(str(view), str(snapshot), "f" * 40)[0]
     assert run("repair")["changes"] == ["config.json"]
     assert tp_padding.view_drift(str(view), str(snapshot), REVISION) == []
-    removed = run("unpadded", pad=False)
-    assert removed["changed"] and not (repo / "sparkfleet-padded").exists()
-    assert removed["path"] == str(snapshot)
+    # A plan that pads nothing needs no view, and keeps the one a rollback may start on; absent removes it.
+    unpadded = run("unpadded", pad=False)
+    assert not unpadded["changed"] and unpadded["path"] == str(snapshot) and view.is_dir()
+    assert run("absent-check", state="absent", cmdline="--check")["changed"] and view.is_dir()
+    removed = run("absent", state="absent")
+    assert removed["changes"] == [f"{REVISION}-tp3/"] and not (repo / "sparkfleet-padded").exists()
+    assert not run("absent-again", state="absent")["changed"]

@@ -122,3 +122,29 @@ def test_preflight_names_the_cluster_size_the_dimension_and_the_fix():
     assert inventory.check_tp_split(load("glm-5.3-flash-nvfp4-tp3"), 3) == []
     broken = inventory.check_tp_split({"name": "odd", "tensor_parallel": {"dimensions": 5}}, 3)
     assert broken[0].key == "sparkfleet_model_profile: odd: tensor_parallel.dimensions"
+
+
+def test_overrides_given_as_json_text_are_kept_and_anything_else_is_refused():
+    profile = copy.deepcopy(load("glm-5.3-flash-nvfp4-tp3"))
+    args = kv_capacity.plan(profile, 3, {"hf-overrides": '{"rope_theta": 2.0}'})["vllm_args"]["hf-overrides"]
+    assert args["rope_theta"] == 2.0 and args["num_attention_heads"] == 66
+    with pytest.raises(kv_capacity.PlanError) as err:
+        kv_capacity.plan(profile, 3, {"hf-overrides": "not json"})
+    assert err.value.key == "sparkfleet_vllm_args: hf-overrides" and "'not json'" in err.value.found
+
+
+def test_grouped_query_heads_are_never_padded_without_their_kv_heads():
+    profile = {"name": "gqa", "tensor_parallel": {"dimensions": [
+        {"name": "attention heads", "keys": ["num_attention_heads"], "size": 20, "pad": True}]}}
+    plan = tp_padding.layout(profile, 8)
+    assert plan["dimensions"][0]["padded_size"] == 24
+    with pytest.raises(tp_padding.PaddingError, match=r"num_key_value_heads: found 4 KV heads for 20 query heads"):
+        tp_padding.padded_config({"num_attention_heads": 20, "num_key_value_heads": 4}, plan)
+    # Multi-head attention with the KV heads left implicit pads as one.
+    assert tp_padding.padded_config({"num_attention_heads": 20}, plan) == {"num_attention_heads": 24}
+
+
+def test_a_padded_dimension_the_config_does_not_hold_is_refused():
+    plan = tp_padding.layout(load("tiny-cpu-padded"), 3)
+    with pytest.raises(tp_padding.PaddingError, match=r"config.json intermediate_size: found none of these keys"):
+        tp_padding.padded_config({"num_attention_heads": 10, "num_key_value_heads": 10, "ffn_dim": 1000}, plan)
