@@ -94,12 +94,13 @@ PADDING_SEAMS: tuple[Seam, ...] = (
     )),
     Seam("tp_pad_moe", "routed experts load the zero columns of a padded MoE width (stock would split the unpadded "
          "width unevenly and drop its last columns)", (
-        Edit(_MOE, ("# the correct slice.", "tp_size = self.moe_config.moe_parallel_config.tp_size"),
-             "before", (_SHARD + "shard_dim, tp_rank * shard_size, shard_size)",)),
-        Edit(_MOE, ("# Same padding fix as _load_w13: use unpadded per-rank size.",
-                    "tp_size = self.moe_config.moe_parallel_config.tp_size"),
-             "before", (_SHARD + "shard_dim, tp_rank * expert_data.shape[shard_dim], expert_data.shape[shard_dim])",)),
-    )),
+             Edit(_MOE, ("# the correct slice.", "tp_size = self.moe_config.moe_parallel_config.tp_size"),
+                  "before", (_SHARD + "shard_dim, tp_rank * shard_size, shard_size)",)),
+             Edit(_MOE, ("# Same padding fix as _load_w13: use unpadded per-rank size.",
+                         "tp_size = self.moe_config.moe_parallel_config.tp_size"),
+                  "before",
+                  (_SHARD + "shard_dim, tp_rank * expert_data.shape[shard_dim], expert_data.shape[shard_dim])",)),
+         )),
     Seam("tp_pad_vocab", "the vocabulary is padded to a multiple of lcm(64, tp), so that it splits evenly", (
         Edit("model_executor/layers/vocab_parallel_embedding.py", ("self.padding_size = padding_size",), "replace",
              (f"self.padding_size = {HOOKS}.vocab_padding(padding_size, self.tp_size)",)),

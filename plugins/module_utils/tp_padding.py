@@ -193,7 +193,7 @@ def padded_config(config: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[st
     for dim in plan["dimensions"]:
         if dim["padded_size"] == dim["size"]:
             continue
-        if not any(key in place for _, place in places for key in dim["keys"]):
+        if not any(key in place for _prefix, place in places for key in dim["keys"]):
             raise PaddingError(f"config.json {', '.join(dim['keys'])}", "none of these keys",
                                f"the keys that hold the {dim['name']} ({dim['size']} before padding)",
                                "name the checkpoint's own keys in the profile's tensor_parallel section")

@@ -184,8 +184,8 @@ def test_spark3_ranks_load_the_padded_view_with_the_padded_sizes_and_the_loaders
         assert json.loads(serve[serve.index("--hf-overrides") + 1]) == {**heads, "text_config": heads}
         env = dict(line.split("=", 1) for line in rendered3(host, "vllm.env").splitlines()
                    if line and not line.startswith("#"))
-        assert json.loads(env["SPARKFLEET_TP_PADDING"]) == {"tp": 3, "widths": [[64, 66], [2048, 2112]],
-                                                           "vocab": True}
+        wanted = {"tp": 3, "widths": [[64, 66], [2048, 2112]], "vocab": True}
+        assert json.loads(env["SPARKFLEET_TP_PADDING"]) == wanted
         assert ("--headless" in serve) == (rank > 0)
 
 

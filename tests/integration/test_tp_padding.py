@@ -168,8 +168,8 @@ def test_tp2_divides_pads_nothing_and_gives_the_same_tokens(cpu_vllm_python, sea
     assert not problems, "\n".join(problems)
 
 
-def test_without_the_groups_padding_switch_a_padded_start_fails_instead_of_serving(cpu_vllm_python, seamed_vllm,
-                                                                                    model):
+def test_without_the_groups_padding_switch_a_padded_start_fails_instead_of_serving(
+        cpu_vllm_python, seamed_vllm, model):
     """The seams are in, the config is padded, but the rank's environment does not say the group pads: the loader
     must not fill the checkpoint's missing rows, and the start fails where stock vLLM would."""
     log = serve(cpu_vllm_python, seamed_vllm, padded_view(model, 3), 3, env_extra={tp_padding.ENV: ""},

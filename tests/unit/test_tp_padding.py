@@ -45,7 +45,7 @@ def test_sizes_that_divide_pad_nothing(name, tp):
 def test_the_labs_proof_model_pads_every_dimension_at_tp3():
     split = tp_padding.layout(load("tiny-cpu-padded"), 3)
     assert sizes(split) == {"attention heads": (10, 12, 4), "MLP width": (1000, 1008, 336)}
-    assert split["vocab"]["stock_padded_size"] == 4160 and 4160 % 3  # vLLM's own padding does not divide
+    assert split["vocab"]["stock_padded_size"] == 4160  # vLLM's own padding, which does not divide by 3
     assert split["vocab"]["padded_size"] == 4224
     assert split["hf_overrides"] == {"num_attention_heads": 12, "num_key_value_heads": 12, "intermediate_size": 1008}
 
