@@ -122,7 +122,7 @@ kernels: kernels-deps
 # conftest's order (the serving lab's chain, the longest, first), not by their number of tests.
 INTEGRATION_WORKERS ?= 2
 integration: deps
-	pytest tests/integration --ignore=tests/integration/test_tp3.py -n $(INTEGRATION_WORKERS) --dist loadscope \
+	pytest tests/integration $(TP3_TESTS:%=--ignore=%) -n $(INTEGRATION_WORKERS) --dist loadscope \
 	  --no-loadscope-reorder --durations=25
 
 # The two halves of `integration`, each a pytest session of its own: the serving lab's chain (molecule's site
@@ -131,17 +131,18 @@ integration-serve: deps
 	pytest tests/integration/test_serve.py --durations=25
 
 integration-labs: deps
-	pytest tests/integration --ignore=tests/integration/test_serve.py --ignore=tests/integration/test_tp3.py \
-	  --durations=25
+	pytest tests/integration --ignore=tests/integration/test_serve.py $(TP3_TESTS:%=--ignore=%) --durations=25
 
-# TP3 for real (docs/tp-padding.md): a 3-node lab serving a model whose dimensions do not divide by 3, padded by
-# the roles, compared token by token with the unpadded model at TP1. Its own lab and a 3-node converge: not in
-# `make test` (40 minutes), timed here by stage as `make test` is.
+# TP3 for real (docs/tp-padding.md): a model whose dimensions do not divide by 3, padded by the roles, gives the
+# tokens of the unpadded model at TP1 - three vLLM boots on this machine (TP1, padded TP3, TP2), then a 3-node lab
+# served by site.yml. Minutes of CPU beside the serving lab's drills, and a 3-node converge: not in `make test`
+# (40 minutes); timed here by stage as `make test` is.
+TP3_TESTS := tests/integration/test_tp_padding.py tests/integration/test_tp3.py
 tp3: deps
 	@scripts/run-stages deps integration-tp3
 
 integration-tp3: deps
-	pytest tests/integration/test_tp3.py --durations=10
+	pytest $(TP3_TESTS) --durations=10
 
 molecule: deps
 	molecule test -s site

@@ -11,7 +11,7 @@ as real Sparks:
 A check run on the fresh nodes comes first, and a second converge changes nothing. The group's greedy tokens and
 logprobs are then compared with those of the unpadded model at TP1, served on the head node from the verified
 snapshot by the same vLLM. Not part of `make test`, whose 40 minutes it does not fit (a 3-node converge with
-three vLLM installs); `make tp3` runs it alone.
+three vLLM installs); `make tp3` runs it after test_tp_padding.
 """
 
 import inspect

@@ -7,7 +7,8 @@ The path is the roles': the planner's arguments (its --hf-overrides and SPARKFLE
 vllm_cli_args filter, the padded view of the checkpoint as the weights stage's module writes it, and the loader
 seams applied with `python -m sparkfleet_vllm apply --padding` (to a linked copy of the shared CPU vLLM, so the
 copy other tests use stays stock). The ranks of a group run on this one machine here; tests/integration/test_tp3.py
-(make tp3) serves the same model over three lab nodes.
+serves the same model over three lab nodes. Both run in `make tp3` (minutes of CPU that `make test`'s serving
+drills would otherwise share).
 """
 
 import json
