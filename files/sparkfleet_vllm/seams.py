@@ -226,8 +226,8 @@ def _versions(seams: tuple[Seam, ...]) -> tuple[str, ...]:
     return PADDING_VERSIONS if all(seam in PADDING_SEAMS for seam in seams) else (PINNED_VERSION,)
 
 
-def _check_version(version: str, seams: tuple[Seam, ...] = ()) -> None:
-    versions = _versions(seams) if seams else (PINNED_VERSION,)
+def _check_version(version: str, seams: tuple[Seam, ...]) -> None:
+    versions = _versions(seams)
     if version not in versions:
         raise SeamError("version", "_version.py", version, f"version {version}",
                         f"build the image FROM a vLLM {PINNED_VERSION} base, or port the seams to {version}",

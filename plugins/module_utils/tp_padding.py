@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.errors import SparkfleetError
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.weights import atomic_write
 
 # The environment variable the loader seams read (files/sparkfleet_vllm/hooks.py): set only on a padded group.
 ENV = "SPARKFLEET_TP_PADDING"
@@ -55,6 +56,11 @@ def _whole(value: Any) -> int | None:
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _share(total: int, tp: int) -> int | float:
+    """A rank's share: whole where it divides (the size vLLM splits), else the fraction a refusal names."""
+    return total // tp if total % tp == 0 else total / tp
 
 
 def _divisors(size: int) -> str:
@@ -129,8 +135,8 @@ def layout(profile: Mapping[str, Any], tensor_parallel_size: int) -> dict[str, A
         unit = tp * dim["shard_multiple"]
         remainder = dim["size"] % unit
         padded = round_up(dim["size"], unit)
-        entry = dict(dim, padded_size=padded if dim["pad"] else dim["size"], remainder=remainder,
-                     per_rank=(padded if dim["pad"] else dim["size"]) / tp,
+        split = padded if dim["pad"] else dim["size"]
+        entry = dict(dim, padded_size=split, remainder=remainder, per_rank=_share(split, tp),
                      waste=round(padded / dim["size"] - 1, 4) if dim["pad"] else 0.0)
         if remainder and not dim["pad"]:
             share = f"shares that are multiples of {dim['shard_multiple']}" if dim["shard_multiple"] > 1 else \
@@ -143,7 +149,6 @@ def layout(profile: Mapping[str, Any], tensor_parallel_size: int) -> dict[str, A
                 f"{(padded / dim['size'] - 1) * 100:.1f}% of its work on zeros): set pad: true for it in the profile "
                 f"if padding is exact for this model, or choose a tensor-parallel size that divides "
                 f"{dim['size'] // dim['shard_multiple']} ({_divisors(dim['size'] // dim['shard_multiple'])})"))
-        entry["per_rank"] = int(entry["per_rank"]) if float(entry["per_rank"]).is_integer() else entry["per_rank"]
         dims.append(entry)
     vocab = _vocab(section)
     vocab_entry = None
@@ -162,8 +167,8 @@ def layout(profile: Mapping[str, Any], tensor_parallel_size: int) -> dict[str, A
                 "tensor-parallel size"))
             multiple = vocab["multiple"]
         padded = round_up(vocab["size"], multiple)
-        vocab_entry = dict(vocab, padded_multiple=multiple, padded_size=padded, per_rank=padded // tp
-                           if padded % tp == 0 else padded / tp, stock_padded_size=stock)
+        vocab_entry = dict(vocab, padded_multiple=multiple, padded_size=padded, per_rank=_share(padded, tp),
+                           stock_padded_size=stock)
     padded_dims = [d for d in dims if d["padded_size"] != d["size"]]
     vocab_padded = bool(vocab_entry and vocab_entry["padded_multiple"] != vocab_entry["multiple"])
     overrides: dict[str, Any] = {}
@@ -285,17 +290,9 @@ def sync_view(view: str, entries: Mapping[str, tuple[str, str]], record: str) ->
         if kind == "link":
             os.symlink(value, path)
         elif kind == "file":
-            _write(path, value)
-    _write(record_path, record)
+            atomic_write(path, value, mode=0o644)
+    atomic_write(record_path, record, mode=0o644)
     return changes
-
-
-def _write(path: str, text: str) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
 
 
 def view_drift(view: str, snapshot: str, revision: str, padding: str | None = None) -> list[str]:

@@ -345,10 +345,12 @@ def write_marker(cache_dir: str, repo_id: str, revision: str, entries: list[Entr
     return marker
 
 
-def atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: str, mode: int | None = None) -> None:
     partial = f"{path}.{os.getpid()}.tmp"
     with open(partial, "w", encoding="utf-8") as handle:
         handle.write(text)
+    if mode is not None:
+        os.chmod(partial, mode)
     os.replace(partial, path)
 
 

@@ -417,6 +417,12 @@ def tiny_model_generator():
     return sourcefile.load("scripts/make_tiny_model.py", "make_tiny_model")
 
 
+def api_key(lab):
+    """The lab's API key, from the 0600 file the lab playbook wrote beside its SSH key."""
+    with open(os.path.join(lab["extravars"]["lab_state_dir"], "api_key"), encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
 def lab_hosts(lab):
     """The lab inventory's hosts and their variables."""
     with open(lab["inventory"], encoding="utf-8") as handle:

@@ -14,7 +14,7 @@ import tarfile
 import time
 
 import pytest
-from conftest import NOTES, ROOT, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
+from conftest import NOTES, ROOT, api_key, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
 
 SITE = os.path.join(ROOT, "site.yml")
 SERVE = os.path.join(ROOT, "playbooks/serve.yml")
@@ -47,11 +47,6 @@ def wait_for(lab, predicate, what, stall=180):
         size = on_node(lab, "node0", "sh", "-c", f"stat -Lc %s {LOGS}/current.log 2>/dev/null || echo 0").stdout
         return tuple(sorted(state.items())), size.strip()
     return wait_until(predicate, what, progress=progress, stall=stall)
-
-
-def api_key(lab):
-    with open(os.path.join(lab["extravars"]["lab_state_dir"], "api_key"), encoding="utf-8") as handle:
-        return handle.read().strip()
 
 
 # A one-token completion through the head, sent from the head itself (the key on stdin, never in argv).

@@ -20,16 +20,11 @@ import os
 
 import pytest
 import tp_proof
-from conftest import NOTES, ROOT, lab_hosts, on_node, output, run_playbook
+from conftest import NOTES, ROOT, api_key, lab_hosts, on_node, output, run_playbook
 
 PROFILE = "tiny-cpu-padded"
 VIEW_ROOT = f"/var/lib/sparkfleet/hf/hub/models--sparkfleet--{PROFILE}"
 REFERENCE_PORT = 18431
-
-
-def api_key(lab):
-    with open(os.path.join(lab["extravars"]["lab_state_dir"], "api_key"), encoding="utf-8") as handle:
-        return handle.read().strip()
 
 
 def site(lab, where, cmdline=""):
