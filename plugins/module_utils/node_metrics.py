@@ -1,0 +1,151 @@
+# Copyright: sparkfleet developers
+# Apache License 2.0 (see LICENSE)
+"""What a node's sparkfleet collector publishes for node_exporter's textfile collector, built from plain inputs.
+
+The collector (roles/monitoring/files/sparkfleet-node-metrics) runs as root on a timer and hands this module what it
+read: nvidia-smi's query, the kernel's Xid lines of this boot, each zram device's mm_stat and disksize, and the
+NCCL probe's last record. Everything here is pure, so the unit tests feed it real output.
+
+GB10 reports its unified memory as "[N/A]": a figure nvidia-smi does not give is left out, never published as 0
+(memory on GB10 comes from node_exporter's MemAvailable).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ansible_collections.sparkfleet.cluster.plugins.module_utils import gpu
+
+# The nvidia-smi fields the collector asks for.
+GPU_FIELDS = ("index", "uuid", "power.draw", "clocks.current.sm", "temperature.gpu", "utilization.gpu",
+              "memory.used", "memory.total")
+
+# nvidia-smi field -> (metric, help, factor to the base unit).
+GPU_GAUGES = (
+    ("power.draw", "sparkfleet_gpu_power_watts", "Board power draw (nvidia-smi power.draw)", 1.0),
+    ("clocks.current.sm", "sparkfleet_gpu_sm_clock_hertz", "Current SM clock", 1e6),
+    ("temperature.gpu", "sparkfleet_gpu_temperature_celsius", "GPU temperature", 1.0),
+    ("utilization.gpu", "sparkfleet_gpu_utilization_ratio",
+     "Share of time a kernel ran (0-1); high at low power is a spin-wait, not work", 0.01),
+    ("memory.used", "sparkfleet_gpu_memory_used_bytes", "GPU memory in use (absent where the GPU reports none)",
+     2.0**20),
+    ("memory.total", "sparkfleet_gpu_memory_total_bytes", "GPU memory (absent where the GPU reports none)", 2.0**20),
+)
+
+# /sys/block/zramN/mm_stat's first columns (the kernel's Documentation/admin-guide/blockdev/zram.rst).
+MM_STAT = ("orig_data_size", "compr_data_size", "mem_used_total", "mem_limit", "mem_used_max", "same_pages",
+           "pages_compacted", "huge_pages")
+ZRAM_GAUGES = (
+    ("orig_data_size", "sparkfleet_zram_original_bytes", "Data stored in zram before compression"),
+    ("compr_data_size", "sparkfleet_zram_compressed_bytes", "Data stored in zram after compression"),
+    ("mem_used_total", "sparkfleet_zram_memory_used_bytes", "Memory zram uses, with its overhead"),
+)
+
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
+class Textfile:
+    """Prometheus text lines, one HELP and TYPE per metric, samples grouped under them."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, help_text: str, value: Any, labels: Mapping[str, Any] | None = None,
+            kind: str = "gauge") -> None:
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return  # unknown is left out, not 0
+        family = self._families.setdefault(name, (help_text, kind, []))
+        text = ",".join(f'{key}="{str(val).translate(_LABEL_ESCAPES)}"' for key, val in sorted((labels or {}).items()))
+        family[2].append(f"{name}{{{text}}} {value:g}" if text else f"{name} {value:g}")
+
+    def render(self) -> str:
+        lines = []
+        for name, (help_text, kind, samples) in self._families.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+        return "\n".join(lines) + "\n"
+
+
+def gpu_samples(out: Textfile, query_text: str | None, error: str | None = None) -> None:
+    """nvidia-smi's CSV (with its header) -> per-GPU gauges; a failed query is published as such."""
+    if query_text is None:
+        out.add("sparkfleet_gpu_query_ok", "1 when nvidia-smi answered the collector's last query", 0)
+        return
+    try:
+        gpus = gpu.parse_query(query_text)
+    except ValueError:
+        gpus, error = [], "unparsable"
+    out.add("sparkfleet_gpu_query_ok", "1 when nvidia-smi answered the collector's last query", int(error is None))
+    for row in gpus:
+        labels = {"gpu": row.get("index"), "uuid": row.get("uuid") or ""}
+        for field, name, help_text, factor in GPU_GAUGES:
+            value = row.get(field)
+            if isinstance(value, int | float):
+                out.add(name, help_text, value * factor, labels)
+
+
+def xid_counts(lines: Iterable[str]) -> Counter:
+    """Xid events of this boot by code (the kernel's NVRM lines)."""
+    return Counter(str(xid["code"]) for xid in map(gpu.parse_xid, lines) if xid is not None)
+
+
+def xid_samples(out: Textfile, lines: Iterable[str]) -> None:
+    """A counter per code, and code="any" for all of them (0 on a clean boot, so that increase() sees the first)."""
+    counts = xid_counts(lines)
+    help_text = "NVIDIA Xid events in the kernel log since boot, by code"
+    out.add("sparkfleet_gpu_xid_events_total", help_text, sum(counts.values()), {"code": "any"}, kind="counter")
+    for code, count in sorted(counts.items()):
+        out.add("sparkfleet_gpu_xid_events_total", help_text, count, {"code": code}, kind="counter")
+
+
+def parse_mm_stat(text: str) -> dict[str, int]:
+    """One mm_stat line -> {column: value}; ValueError when it does not hold the columns every kernel has."""
+    values = text.split()
+    if len(values) < 5 or not all(re.fullmatch(r"\d+", value) for value in values):
+        raise ValueError(f"found mm_stat {text.strip()!r}; expected at least 5 integer columns")
+    return dict(zip(MM_STAT, (int(value) for value in values), strict=False))
+
+
+def zram_samples(out: Textfile, devices: Mapping[str, Mapping[str, str]]) -> None:
+    """devices: name -> {'disksize': text, 'mm_stat': text}; an unreadable device is skipped."""
+    for device, files in sorted(devices.items()):
+        try:
+            stats = parse_mm_stat(files.get("mm_stat", ""))
+        except ValueError:
+            continue
+        labels = {"device": device}
+        disksize = (files.get("disksize") or "").strip()
+        if disksize.isdigit():
+            out.add("sparkfleet_zram_disksize_bytes", "Size of the zram device", int(disksize), labels)
+        for column, name, help_text in ZRAM_GAUGES:
+            out.add(name, help_text, stats[column], labels)
+
+
+def nccl_samples(out: Textfile, record: Mapping[str, Any] | None) -> None:
+    """The NCCL all-reduce probe's last record (written by the nccl role, pass or fail) -> its figures."""
+    if not record:
+        return
+    out.add("sparkfleet_nccl_probe_bus_bandwidth_gbytes_per_second",
+            "Bus bandwidth of the last NCCL all-reduce probe", record.get("bus_bandwidth_gbs"))
+    out.add("sparkfleet_nccl_probe_floor_gbytes_per_second", "The bus bandwidth the probe must reach",
+            record.get("floor_gbs"))
+    out.add("sparkfleet_nccl_probe_timestamp_seconds", "When the last NCCL probe ran", record.get("checked_at"))
+
+
+def render(query_text: str | None, query_error: str | None, kernel_lines: Iterable[str] | None,
+           zram: Mapping[str, Mapping[str, str]], nccl_record: Mapping[str, Any] | None, now: float,
+           has_gpu: bool) -> str:
+    """The whole textfile: GPU (on NVIDIA nodes), Xid (idem), zram, the NCCL probe, and when it was written."""
+    out = Textfile()
+    if has_gpu:
+        gpu_samples(out, query_text, query_error)
+        xid_samples(out, kernel_lines or [])
+    zram_samples(out, zram)
+    nccl_samples(out, nccl_record)
+    out.add("sparkfleet_node_metrics_timestamp_seconds", "When the sparkfleet collector last wrote this file", now)
+    return out.render()
