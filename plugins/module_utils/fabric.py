@@ -467,15 +467,18 @@ def hosts_entries(fabric_plan: dict[str, list[dict[str, Any]]], node: str) -> li
 
 
 def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: list[str],
-                service_ports: list[int], api_port: int | None, api_sources: list[str]) -> str:
+                service_ports: list[int], api_port: int | None, api_sources: list[str],
+                watch_ports: list[int] | None = None, watch_sources: list[str] | None = None) -> str:
     """The sparkfleet nftables table, replaced atomically when loaded with nft -f.
 
     - On the fabric interfaces only the fabric subnets are accepted (NCCL, Gloo and RDMA-CM traffic).
     - The service ports (rendezvous, rsync daemon) accept only the fabric subnets and the cluster's nodes.
     - The API port accepts only the listed clients and the cluster's nodes; loopback is always accepted.
+    - The monitoring ports (Prometheus, the node exporter) accept only the monitor hosts and the listed sources.
     Everything else keeps the host's own policy (the chain's policy is accept).
     """
-    for cidr in [*fabric_subnets, *cluster_sources, *api_sources]:
+    watch_ports, watch_sources = list(watch_ports or []), list(watch_sources or [])
+    for cidr in [*fabric_subnets, *cluster_sources, *api_sources, *watch_sources]:
         ipaddress.IPv4Network(cidr, strict=False)  # refuse anything nft would choke on
 
     def elements(cidrs: list[str]) -> str:
@@ -496,6 +499,11 @@ def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: 
     if api_port:
         lines += ["	set api_clients {", "		type ipv4_addr", "		flags interval",
                   f"		elements = {{ {elements([*api_sources, *cluster_sources])} }}", "	}"]
+    if watch_ports:
+        # an empty set is legal in nft, an empty element list is not
+        members = f"		elements = {{ {elements(watch_sources)} }}" if watch_sources else ""
+        lines += ["	set watch_clients {", "		type ipv4_addr", "		flags interval",
+                  *([members] if members else []), "	}"]
     lines += ["	chain input {", "		type filter hook input priority filter - 5; policy accept;",
               '		iif "lo" accept']
     if netdevs:
@@ -508,6 +516,10 @@ def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: 
     if api_port:
         lines += [f"		tcp dport {api_port} ip saddr != @api_clients counter drop",
                   f"		tcp dport {api_port} meta nfproto ipv6 counter drop"]
+    if watch_ports:
+        ports = ", ".join(str(port) for port in sorted(set(watch_ports)))
+        lines += [f"		tcp dport {{ {ports} }} ip saddr != @watch_clients counter drop",
+                  f"		tcp dport {{ {ports} }} meta nfproto ipv6 counter drop"]
     lines += ["	}", "}"]
     return "\n".join(lines) + "\n"
 

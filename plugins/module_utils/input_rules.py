@@ -123,6 +123,10 @@ MTU = between(1280, 9216, "bytes")
 IPV4_NETWORK = Rule("an IPv4 network in CIDR form such as 10.100.0.0/16",
                     lambda value, _: _network(value, 4))
 IPV4_SOURCE = Rule("an IPv4 address or network such as 192.168.1.0/24", _ipv4_source)
+IPV4_OR_EMPTY = Rule("an IPv4 address such as 192.168.1.10, or empty",
+                     lambda value, _ctx: value == "" or (_ipv4_source(value) and "/" not in str(value)))
+PROMETHEUS_DURATION = matching(r"([0-9]+(ms|s|m|h|d|w|y))+", "a Prometheus duration such as 15s, 1m30s or 15d")
+SYSTEMD_SPAN = matching(r"[0-9]+ ?(ms|s|sec|m|min|h)?", "a systemd time span such as 15s or 1min")
 # Docker's size syntax (--shm-size, log-opts max-size; go-units' RAMInBytes): a number, a unit, an optional i/b.
 DOCKER_SIZE = matching(r"[0-9]+(\.[0-9]+)* ?([kKmMgGtTpP])?[iI]?[bB]?", "a size such as 32g, 512m or 1.5GB")
 # The size memory.reclaim takes: a number of bytes with an optional K/M/G suffix.
@@ -178,6 +182,7 @@ RULES: Mapping[str, Rule] = {
     "sparkfleet_fabric_supernet": IPV4_NETWORK,
     "sparkfleet_fabric_subnets": each(IPV4_NETWORK),
     "sparkfleet_api_allowed_sources": each(IPV4_SOURCE),
+    "sparkfleet_monitoring_allowed_sources": each(IPV4_SOURCE),
     "sparkfleet_api_key": API_KEY,
     # container_runtime
     "container_runtime_enabled": AUTO_TRUE_FALSE,
@@ -192,6 +197,7 @@ RULES: Mapping[str, Rule] = {
     "fabric_apply_timeout": between(1, 3600, "seconds"),
     "fabric_speed_mbps": between(0, 800000, "Mb/s (0 skips the check)"),
     "fabric_service_ports": each(PORT),
+    "fabric_monitoring_ports": each(PORT),
     "fabric_api_port": between(0, 65535, "(0 leaves the API port to the host's policy)"),
     "fabric_ping_count": between(1, 100, "pings"),
     # gpu
@@ -295,6 +301,16 @@ RULES: Mapping[str, Rule] = {
     "vllm_service_known_answer_tolerance": at_least(0, "nats"),
     "vllm_service_textfile_dir": ABSOLUTE_PATH,
     "vllm_service_scrub_schedule": SCRUB_SCHEDULE,
+    # monitoring
+    "monitoring_prometheus_port": PORT,
+    "monitoring_node_exporter_port": PORT,
+    "monitoring_listen_address": IPV4_OR_EMPTY,
+    "monitoring_scrape_interval": PROMETHEUS_DURATION,
+    "monitoring_evaluation_interval": PROMETHEUS_DURATION,
+    "monitoring_retention": PROMETHEUS_DURATION,
+    "monitoring_textfile_dir": ABSOLUTE_PATH,
+    "monitoring_collector_interval": SYSTEMD_SPAN,
+    "monitoring_grafana_url": matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL, or empty for none"),
 }
 
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from conftest import ROOT
 
-STAGES = ["preflight", "node", "fabric", "image", "weights", "serve", "verify"]
+STAGES = ["preflight", "node", "fabric", "image", "weights", "serve", "verify", "watch"]
 
 PLAYBOOK = """\
 ---
@@ -106,13 +106,14 @@ def test_site_by_fqcn_from_installed_artifact(installed):
                  work, env)
     assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-2000:]
     assert f"playbook: {site}" in listed.stdout
-    plays = re.findall(r"play #(\d+) \(sparkfleet_cluster\): (\w+)\tTAGS: \[(\w+)\]", listed.stdout)
+    plays = re.findall(r"play #(\d+) \(sparkfleet_cluster(?::sparkfleet_monitor)?\): (\w+)\tTAGS: \[(\w+)\]",
+                       listed.stdout)
     assert [(int(n), tag) for n, _name, tag in plays] == list(enumerate(STAGES, 1))
     assert [name.lower() for _number, name, _tag in plays] == STAGES
     for stage in STAGES:
         assert f"TASK TAGS: [always, {stage}]" in listed.stdout, stage
     for role in ["preflight", "node_memory", "gpu", "container_runtime", "fabric", "nccl", "vllm_image",
-                 "model_weights", "vllm_service", "verify"]:
+                 "model_weights", "vllm_service", "verify", "monitoring"]:
         assert f"sparkfleet.cluster.{role} : " in listed.stdout, role
 
     # A stage tag selects that stage's play only (beside what is tagged always).

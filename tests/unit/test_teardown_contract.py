@@ -14,8 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 # The roles that install on a node (the lab's role makes the stand-ins for hardware; triage and teardown only read
 # and remove).
-INSTALLING = ("container_runtime", "fabric", "gpu", "model_weights", "nccl", "node_memory", "python_venv", "verify",
-              "vllm_image", "vllm_service", "preflight")
+INSTALLING = ("container_runtime", "fabric", "gpu", "model_weights", "monitoring", "nccl", "node_memory", "python_venv",
+              "verify", "vllm_image", "vllm_service", "preflight")
 PATH = re.compile(r"/(?:etc|usr|opt|var|run|root|srv|home)/[^\s\"'`{}(),;:]*sparkfleet[^\s\"'`{}(),;:]*")
 # Kept on purpose (docs/day2.md), or not a path on the node.
 KEPT = {
