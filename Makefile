@@ -102,6 +102,7 @@ lint: deps
 	ansible-lint
 	yamllint --strict .
 	ruff check .
+	pytest -p no:cacheprovider tests/monitoring
 
 unit: deps
 	pytest tests/unit
@@ -122,12 +123,14 @@ kernels: kernels-deps
 # conftest's order (the serving lab's chain, the longest, first), not by their number of tests.
 INTEGRATION_WORKERS ?= 2
 integration: deps
+	scripts/bootstrap-browser
 	pytest tests/integration $(TP3_TESTS:%=--ignore=%) -n $(INTEGRATION_WORKERS) --dist loadscope \
 	  --no-loadscope-reorder --durations=25
 
 # The two halves of `integration`, each a pytest session of its own: the serving lab's chain (molecule's site
 # scenario, the serving tests and drills), and every other test (the other labs' groups, one after the other).
 integration-serve: deps
+	scripts/bootstrap-browser
 	pytest tests/integration/test_serve.py --durations=25
 
 integration-labs: deps

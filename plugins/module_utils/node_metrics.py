@@ -62,7 +62,8 @@ class Textfile:
             return  # unknown is left out, not 0
         family = self._families.setdefault(name, (help_text, kind, []))
         text = ",".join(f'{key}="{str(val).translate(_LABEL_ESCAPES)}"' for key, val in sorted((labels or {}).items()))
-        family[2].append(f"{name}{{{text}}} {value:g}" if text else f"{name} {value:g}")
+        number = str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
+        family[2].append(f"{name}{{{text}}} {number}" if text else f"{name} {number}")
 
     def render(self) -> str:
         lines = []

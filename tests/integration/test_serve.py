@@ -10,8 +10,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
+import tempfile
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 from conftest import NOTES, ROOT, api_key, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
@@ -329,6 +333,97 @@ def test_a_killed_head_engine_restarts_the_whole_group_without_ansible(served, l
     ended = next(e for e in group_history(lab) if e["epoch"] == before["epoch"])
     assert ended["rank"] == 0 and "the engine exited" in ended["why"], ended
     assert unit(lab, "node0")["ActiveState"] == "active" and unit(lab, "node0")["NRestarts"] == "0"
+
+
+PROMETHEUS_PORT = 9090
+ARTIFACTS = os.environ.get("SPARKFLEET_ARTIFACTS", os.path.join(ROOT, "build", "test-artifacts"))
+
+
+def prometheus(lab, path, **params):
+    """Prometheus' HTTP API on the head's management address, from this machine (the lab's allowed sources)."""
+    url = f"http://{lab_hosts(lab)['node0']['ansible_host']}:{PROMETHEUS_PORT}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)["data"]
+    except (OSError, ValueError):
+        return None
+
+
+def query(lab, expr):
+    """{node: value} of an instant query ({} when it has no result)."""
+    data = prometheus(lab, "/api/v1/query", query=expr) or {}
+    return {r["metric"].get("node", ""): float(r["value"][1]) for r in data.get("result", [])}
+
+
+def firing(lab, name):
+    data = prometheus(lab, "/api/v1/alerts") or {}
+    return [a for a in data.get("alerts", []) if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def screenshot(url, path):
+    """Headless Chromium from the distribution: the page as PNG, and its DOM after the scripts ran. Any address but
+    the lab's goes to a closed port, so the browser reaches nothing else."""
+    host = urllib.parse.urlsplit(url).hostname
+    common = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-default-apps", "--disable-domain-reliability", f"--proxy-server=127.0.0.1:9",
+              f"--proxy-bypass-list={host}", "--window-size=1400,1000", "--virtual-time-budget=5000"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([*common, f"--user-data-dir={profile}", f"--screenshot={path}", url], capture_output=True,
+                       text=True, check=True, timeout=120)
+        dom = subprocess.run([*common, f"--user-data-dir={profile}", "--dump-dom", url], capture_output=True,
+                             text=True, check=True, timeout=120)
+    return dom.stdout
+
+
+def test_prometheus_scrapes_every_target_records_throughput_and_alerts_while_the_head_is_stopped(served, lab):
+    """The watch stage on the lab: every target up (/api/v1/targets), the dashboards' vLLM and node series present,
+    sparkfleet's textfiles (the verification republished, the watchdog, the collector) on every node, a decode rate
+    recorded after a few requests; the head's rank stopped: SparkfleetServingDown fires (the alerts page in a real
+    browser, saved as an artifact), and clears once the rank is started again and the group verified."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "monitoring"))
+    from test_dashboards import dashboard_series  # pylint: disable=import-outside-toplevel  # the dashboards' series
+
+    def all_up():
+        data = prometheus(lab, "/api/v1/targets") or {"activeTargets": []}
+        targets = {(t["labels"]["job"], t["labels"]["node"]): t["health"] for t in data["activeTargets"]}
+        return targets if targets and set(targets.values()) == {"up"} else None
+
+    targets = wait_until(all_up, "every Prometheus target up", stall=120)
+    assert sorted(targets) == [("node", "node0"), ("node", "node1"), ("prometheus", "node0"), ("vllm", "node0")]
+    assert query(lab, "sparkfleet_verify_ok") == {"node0": 1.0}
+    assert set(query(lab, "sparkfleet_node_metrics_timestamp_seconds")) == {"node0", "node1"}
+    assert set(query(lab, "sparkfleet_watchdog_threshold_bytes")) == {"node0", "node1"}
+    assert query(lab, "sparkfleet_kv_pool_tokens") == query(lab, "sparkfleet_kv_pool_expected_tokens") == {
+        "node0": float(POOL)}
+    for _ in range(4):
+        assert serves(lab)
+    decode = wait_until(lambda: query(lab, "sparkfleet:decode_tokens:rate1m > 0"), "a recorded decode rate", stall=90)
+    assert decode["node0"] > 0
+    missing = sorted(name for name in dashboard_series() if not query(lab, f'count({{__name__="{name}"}})'))
+    assert not missing, f"the dashboards read series the lab's Prometheus does not have: {missing}"
+    assert not firing(lab, "SparkfleetServingDown")
+
+    before = group_state(lab, "node0")
+    on_node(lab, "node0", "systemctl", "stop", UNIT)
+    alert = wait_until(lambda: firing(lab, "SparkfleetServingDown"), "SparkfleetServingDown to fire", stall=150)
+    assert alert[0]["labels"]["node"] == "node0" and alert[0]["labels"]["severity"] == "critical"
+    page = f"http://{lab_hosts(lab)['node0']['ansible_host']}:{PROMETHEUS_PORT}/alerts"
+    shot = os.path.join(ARTIFACTS, "prometheus-alerts-head-stopped.png")
+    dom = screenshot(page, shot)
+    with open(shot, "rb") as image:
+        assert image.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(shot) > 10_000
+    assert "SparkfleetServingDown" in dom and "firing" in dom.lower()
+    NOTES.append(f"alerts page with SparkfleetServingDown firing: {shot}")
+
+    on_node(lab, "node0", "systemctl", "start", UNIT)
+    wait_for(lab, lambda: verified_again(lab, before["epoch"]), "the group to serve, verified, again", stall=240)
+    wait_until(lambda: not firing(lab, "SparkfleetServingDown") and query(lab, 'up{job="vllm"}') == {"node0": 1.0},
+               "SparkfleetServingDown to clear", stall=90)
+    assert serves(lab)
 
 
 # A client load from the head's node: THREADS clients, each sending completions of TOKENS tokens (ignore_eos: each
