@@ -70,7 +70,8 @@ def test_every_query_is_promql_that_promtool_accepts(tmp_path):
                            text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     # and promtool does refuse a broken query, so the check above can fail
-    path.write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": [{"record": "a:b", "expr": "sum(rate(x[5m])"}]}]}))
+    broken = {"groups": [{"name": "d", "rules": [{"record": "a:b", "expr": "sum(rate(x[5m])"}]}]}
+    path.write_text(yaml.safe_dump(broken))
     assert subprocess.run([str(ROOT / "scripts/promtool"), "check", "rules", str(path)], capture_output=True,
                           check=False).returncode != 0
 
