@@ -310,6 +310,7 @@ RULES: Mapping[str, Rule] = {
     "monitoring_retention": PROMETHEUS_DURATION,
     "monitoring_textfile_dir": ABSOLUTE_PATH,
     "monitoring_collector_interval": SYSTEMD_SPAN,
+    "monitoring_grafana_url": matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL of a Grafana, or empty"),
 }
 
 
