@@ -107,10 +107,10 @@ class FakeGrafana:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self):  # noqa: N802 - the http.server API
+            def do_GET(self):
                 self._serve("GET")
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self._serve("POST")
 
             def log_message(self, *_args):
