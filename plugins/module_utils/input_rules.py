@@ -123,10 +123,50 @@ MTU = between(1280, 9216, "bytes")
 IPV4_NETWORK = Rule("an IPv4 network in CIDR form such as 10.100.0.0/16",
                     lambda value, _: _network(value, 4))
 IPV4_SOURCE = Rule("an IPv4 address or network such as 192.168.1.0/24", _ipv4_source)
-IPV4_OR_EMPTY = Rule("an IPv4 address such as 192.168.1.10, or empty",
-                     lambda value, _ctx: value == "" or (_ipv4_source(value) and "/" not in str(value)))
-PROMETHEUS_DURATION = matching(r"([0-9]+(ms|s|m|h|d|w|y))+", "a Prometheus duration such as 15s, 1m30s or 15d")
-SYSTEMD_SPAN = matching(r"[0-9]+ ?(ms|s|sec|m|min|h)?", "a systemd time span such as 15s or 1min")
+
+
+def _listen_address(value: Any, _context: Any = None) -> bool:
+    """Empty, or one IPv4 address another host can scrape: not 0.0.0.0, loopback, multicast or a network."""
+    if value == "":
+        return True
+    try:
+        address = ipaddress.IPv4Address(str(value))
+    except ValueError:
+        return False
+    return isinstance(value, str) and not (address.is_unspecified or address.is_loopback or address.is_multicast)
+
+
+_DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
+_DURATION_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+
+
+def prometheus_seconds(value: Any) -> float | None:
+    """A Prometheus duration ('1m30s', '15d'; units largest first) in seconds; None when it is not one."""
+    match = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
+    if not match:
+        return None
+    return sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_SECONDS, strict=True) if part)
+
+
+def duration(low: float, high: float, expected: str) -> Rule:
+    return Rule(expected, lambda value, _ctx: low <= (prometheus_seconds(value) or 0) <= high)
+
+
+def _systemd_span(value: Any, _context: Any = None) -> bool:
+    match = re.fullmatch(r"(\d+) ?(s|sec|m|min|h)?", str(value)) if isinstance(value, (str, int)) else None
+    if not match:
+        return False
+    return int(match.group(1)) * {"m": 60, "min": 60, "h": 3600}.get(match.group(2) or "s", 1) >= 5
+
+
+LISTEN_ADDRESS = Rule("an IPv4 address other hosts reach this one on (not 0.0.0.0, loopback or multicast), or empty",
+                      _listen_address)
+# The recording rules' rate windows are 1m: at least two samples in each needs a scrape every 30 s or less.
+SCRAPE_INTERVAL = duration(1, 30, "a Prometheus duration from 1s to 30s such as 15s (the recording rules' 1 minute "
+                                   "rate windows need two samples)")
+RETENTION = duration(3600, 10 * 365 * 86400, "a Prometheus duration of at least 1h, units largest first, such as 15d")
+SYSTEMD_SPAN = Rule("a systemd time span of at least 5 seconds, such as 15s or 1min", _systemd_span)
+
 # Docker's size syntax (--shm-size, log-opts max-size; go-units' RAMInBytes): a number, a unit, an optional i/b.
 DOCKER_SIZE = matching(r"[0-9]+(\.[0-9]+)* ?([kKmMgGtTpP])?[iI]?[bB]?", "a size such as 32g, 512m or 1.5GB")
 # The size memory.reclaim takes: a number of bytes with an optional K/M/G suffix.
@@ -304,10 +344,10 @@ RULES: Mapping[str, Rule] = {
     # monitoring
     "monitoring_prometheus_port": PORT,
     "monitoring_node_exporter_port": PORT,
-    "monitoring_listen_address": IPV4_OR_EMPTY,
-    "monitoring_scrape_interval": PROMETHEUS_DURATION,
-    "monitoring_evaluation_interval": PROMETHEUS_DURATION,
-    "monitoring_retention": PROMETHEUS_DURATION,
+    "monitoring_listen_address": LISTEN_ADDRESS,
+    "monitoring_scrape_interval": SCRAPE_INTERVAL,
+    "monitoring_evaluation_interval": SCRAPE_INTERVAL,
+    "monitoring_retention": RETENTION,
     "monitoring_textfile_dir": ABSOLUTE_PATH,
     "monitoring_collector_interval": SYSTEMD_SPAN,
     "monitoring_grafana_url": matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL of a Grafana, or empty"),

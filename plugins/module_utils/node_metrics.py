@@ -95,9 +95,23 @@ def xid_counts(lines: Iterable[str]) -> Counter:
     return Counter(str(xid["code"]) for xid in map(gpu.parse_xid, lines) if xid is not None)
 
 
-def xid_samples(out: Textfile, lines: Iterable[str]) -> None:
-    """A counter per code, and code="any" for all of them (0 on a clean boot, so that increase() sees the first)."""
-    counts = xid_counts(lines)
+def merge_counts(seen: Mapping[str, Any] | None, now: Mapping[str, int]) -> Counter:
+    """The larger count of each code: within a boot the kernel's Xid count only grows, even when journald's vacuum
+    or a wrapped ring buffer forgets old lines (a count that fell would read as a counter reset and a new event)."""
+    merged = Counter({str(code): int(count) for code, count in (seen or {}).items()
+                      if isinstance(count, int) and count >= 0})
+    for code, count in now.items():
+        merged[code] = max(merged[code], count)
+    return merged
+
+
+def xid_samples(out: Textfile, counts: Mapping[str, int] | None) -> None:
+    """A counter per code, and code="any" for all of them (0 on a clean boot, so that increase() sees the first).
+    counts None: the kernel log could not be read; the counters are left out, not published as 0."""
+    out.add("sparkfleet_gpu_kernel_log_ok", "1 when the collector could read this boot's kernel log",
+            int(counts is not None))
+    if counts is None:
+        return
     help_text = "NVIDIA Xid events in the kernel log since boot, by code"
     out.add("sparkfleet_gpu_xid_events_total", help_text, sum(counts.values()), {"code": "any"}, kind="counter")
     for code, count in sorted(counts.items()):
@@ -138,15 +152,18 @@ def nccl_samples(out: Textfile, record: Mapping[str, Any] | None) -> None:
     out.add("sparkfleet_nccl_probe_timestamp_seconds", "When the last NCCL probe ran", record.get("checked_at"))
 
 
-def render(query_text: str | None, query_error: str | None, kernel_lines: Iterable[str] | None,
+def render(query_text: str | None, query_error: str | None, xids: Mapping[str, int] | None,
            zram: Mapping[str, Mapping[str, str]], nccl_record: Mapping[str, Any] | None, now: float,
-           has_gpu: bool) -> str:
-    """The whole textfile: GPU (on NVIDIA nodes), Xid (idem), zram, the NCCL probe, and when it was written."""
+           has_gpu: bool, group_epoch: Any = None) -> str:
+    """The whole textfile: GPU and Xid counts by code (on NVIDIA nodes; xids None: the kernel log was unreadable),
+    zram, the NCCL probe, the group agent's current epoch, and when it was written."""
     out = Textfile()
     if has_gpu:
         gpu_samples(out, query_text, query_error)
-        xid_samples(out, kernel_lines or [])
+        xid_samples(out, xids)
     zram_samples(out, zram)
     nccl_samples(out, nccl_record)
+    out.add("sparkfleet_group_current_epoch", "The group start (epoch) the node's agent is in; every start opens one",
+            group_epoch)
     out.add("sparkfleet_node_metrics_timestamp_seconds", "When the sparkfleet collector last wrote this file", now)
     return out.render()

@@ -399,7 +399,7 @@ def test_prometheus_scrapes_every_target_records_throughput_and_alerts_while_the
     assert set(query(lab, "sparkfleet_watchdog_threshold_bytes")) == {"node0", "node1"}
     assert query(lab, "sparkfleet_kv_pool_tokens") == query(lab, "sparkfleet_kv_pool_expected_tokens") == {
         "node0": float(POOL)}
-    for _ in range(4):
+    for _request in range(4):
         assert serves(lab)
     decode = wait_until(lambda: query(lab, "sparkfleet:decode_tokens:rate1m > 0"), "a recorded decode rate", stall=90)
     assert decode["node0"] > 0

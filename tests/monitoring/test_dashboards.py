@@ -31,6 +31,10 @@ def queries() -> list[tuple[str, str, str]]:
     return found
 
 
+def expressions() -> list[str]:
+    return [expr for _board, _title, expr in queries()]
+
+
 def series_of(expr: str) -> set[str]:
     text = re.sub(r"\{[^}]*\}", "{}", expr)  # label matchers are not series
     text = re.sub(r"\b(by|without|on)\s*\([^)]*\)", "", text)  # nor are grouping labels
@@ -45,7 +49,7 @@ def recorded() -> set[str]:
 
 def dashboard_series() -> set[str]:
     """The series the dashboards read from vLLM and node_exporter (the lab test finds them live)."""
-    return {name for _, _, expr in queries() for name in series_of(expr)
+    return {name for expr in expressions() for name in series_of(expr)
             if name.startswith(("vllm:", "node_")) or name == "up"}
 
 
@@ -63,7 +67,7 @@ def test_every_dashboard_loads_with_a_uid_a_datasource_variable_and_queries():
 
 def test_every_query_is_promql_that_promtool_accepts(tmp_path):
     rules = [{"record": f"dashboard:query:{n}", "expr": expr.replace("$node", ".*")}
-             for n, (_, _, expr) in enumerate(queries())]
+             for n, expr in enumerate(expressions())]
     path = tmp_path / "queries.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     check = subprocess.run([str(ROOT / "scripts/promtool"), "check", "rules", str(path)], capture_output=True,
@@ -91,6 +95,6 @@ def test_every_series_a_query_reads_is_recorded_written_by_sparkfleet_or_scraped
                 problems.append(f"{board} / {title}: {name}")
     assert not problems, problems
     assert {"sparkfleet:decode_tokens:rate1m", "sparkfleet_kv_pool_tokens", "node_memory_MemAvailable_bytes",
-            "sparkfleet_gpu_utilization_ratio"} <= {name for _, _, expr in queries() for name in series_of(expr)}
+            "sparkfleet_gpu_utilization_ratio"} <= {name for expr in expressions() for name in series_of(expr)}
     assert series_of('sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[5m]))') == {
         "vllm:e2e_request_latency_seconds"}

@@ -109,8 +109,19 @@ def test_a_wrong_token_fails_saying_so_and_no_token_shows(play):
         assert "Unauthorized" in output
         rc, output = play(grafana.url, TOKEN, "--check", "-vvv")
         assert rc != 0
-        assert "answering HTTP 401 to monitoring_grafana_token (Unauthorized); expected 200" in " ".join(output.split())
+        assert ("answering HTTP 401 to a folder listing (the token is not valid); expected 200; fix: give the token "
+                "of a service account with the Editor role") in " ".join(output.split())
         assert grafana.writes == 0
+
+
+def test_a_grafana_that_does_not_answer_is_named_in_check_mode(play, tmp_path):
+    with FakeGrafana(TOKEN) as grafana:
+        url = grafana.url
+    rc, output = play(url, TOKEN, "--check")  # the server is gone: connection refused
+    assert rc != 0
+    text = " ".join(output.split())
+    assert f"found monitoring_grafana_url {url} answering nothing to a folder listing" in text, text
+    assert "fix: check the URL and that this machine reaches that Grafana" in text
 
 
 def test_a_url_without_a_token_is_refused_before_grafana_is_asked(play):

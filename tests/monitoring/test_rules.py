@@ -19,6 +19,7 @@ RULES = ROOT / "roles/monitoring/files/rules/sparkfleet.rules.yml"
 PROMTOOL = ROOT / "scripts/promtool"
 HEAD = {"job": "vllm", "instance": "10.0.0.1:8000", "node": "spark1"}
 NODE = {"job": "node", "instance": "10.0.0.1:9100", "node": "spark1"}
+WORKER = {"job": "node", "instance": "10.0.0.2:9100", "node": "spark2"}
 
 
 def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -60,7 +61,7 @@ CASES = [
       series("node_systemd_unit_state", {**NODE, "name": "sparkfleet-vllm.service", "state": "activating",
                                          "type": "notify"}, "0 0 0 0")],
      [("0m", []), ("1m", [(HEAD, "0")]), ("3m", [])]),
-    ("SparkfleetGroupRestartLoop", [series("sparkfleet_group_epoch", NODE, "1 1 2 2 3 3 4 4")],
+    ("SparkfleetGroupRestartLoop", [series("sparkfleet_group_current_epoch", NODE, "1 1 2 2 3 3 4 4")],
      [("5m", []), ("7m", [(NODE, "3")])]),
     ("SparkfleetNodeExporterDown", [series("up", NODE, "1 0 0 0 0")],
      [("2m", []), ("3m", [(NODE, "0")])]),
@@ -78,10 +79,15 @@ CASES = [
      [series("sparkfleet_gpu_utilization_ratio", {**NODE, "gpu": "0"}, "0.96x6"),
       series("sparkfleet_gpu_power_watts", {**NODE, "gpu": "0"}, "90 90 22 22 22 22 22")],
      [("3m", []), ("4m", [({**NODE, "gpu": "0"}, "0.96")])]),
-    ("SparkfleetNCCLBelowFloor",
+    ("SparkfleetNCCLBelowFloor",  # recorded on every node, one alert
      [series("sparkfleet_nccl_probe_bus_bandwidth_gbytes_per_second", NODE, "21.5 3.1"),
-      series("sparkfleet_nccl_probe_floor_gbytes_per_second", NODE, "18 18")],
-     [("0m", []), ("1m", [(NODE, "3.1")])]),
+      series("sparkfleet_nccl_probe_floor_gbytes_per_second", NODE, "18 18"),
+      series("sparkfleet_nccl_probe_bus_bandwidth_gbytes_per_second", WORKER, "21.5 3.1"),
+      series("sparkfleet_nccl_probe_floor_gbytes_per_second", WORKER, "18 18")],
+     [("0m", []), ("1m", [({"job": "node"}, "3.1")])]),
+    ("SparkfleetGPUNotReadable",
+     [series("sparkfleet_gpu_query_ok", NODE, "1 0 0 0 0"), series("sparkfleet_gpu_kernel_log_ok", WORKER, "1x4")],
+     [("2m", []), ("3m", [(NODE, "0")])]),
     ("SparkfleetWeightsScrubMismatch", [series("sparkfleet_weights_scrub_ok", NODE, "1 0")],
      [("0m", []), ("1m", [(NODE, "0")])]),
     ("SparkfleetNodeMetricsStale", [series("sparkfleet_node_metrics_timestamp_seconds", NODE, "0+60x10")],
@@ -96,11 +102,12 @@ def run_promtool(tmp_path: Path, tests: list[dict]) -> subprocess.CompletedProce
 
 
 def test_every_alert_has_a_case_and_the_rules_pass_promtools_check():
-    assert sorted(alerts()) == sorted(name for name, _, _ in CASES)
+    assert sorted(alerts()) == sorted(case[0] for case in CASES)
     check = subprocess.run([str(PROMTOOL), "check", "rules", str(RULES)], capture_output=True, text=True,
                            check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 24 rules found" in check.stdout
+    count = sum(len(group["rules"]) for group in yaml.safe_load(RULES.read_text())["groups"])
+    assert f"SUCCESS: {count} rules found" in check.stdout
 
 
 @pytest.mark.parametrize(("alert", "inputs", "checks"), CASES, ids=[case[0] for case in CASES])
@@ -150,6 +157,7 @@ def test_throughput_latency_and_memory_are_recorded_from_vllm_and_node_series(tm
              "exp_samples": [{"labels": 'sparkfleet:node_memory_available:ratio{node="spark1"}', "value": 0.25}]},
             {"expr": "sparkfleet:node_power_watts:sum", "eval_time": "5m",
              "exp_samples": [{"labels": 'sparkfleet:node_power_watts:sum{node="spark1"}', "value": 60}]},
-        ]}]
+        ],
+    }]
     result = run_promtool(tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -89,6 +89,22 @@ BAD_ROLE_VALUES = [
      "node0, node1: vllm_service_log_dir: found 'logs/vllm'; expected an absolute path on the node; fix: "),
     ({"verify_ignored_xids": ["zz"]},
      "node0, node1: verify_ignored_xids: found ['zz']; expected a list of which every element is an Xid code"),
+    ({"monitoring_listen_address": "0.0.0.0"},
+     "node0, node1: monitoring_listen_address: found '0.0.0.0'; expected an IPv4 address other hosts reach this "
+     "one on (not 0.0.0.0, loopback or multicast), or empty; fix: "),
+    ({"monitoring_scrape_interval": "5m"},
+     "node0, node1: monitoring_scrape_interval: found '5m'; expected a Prometheus duration from 1s to 30s such as "
+     "15s (the recording rules' 1 minute rate windows need two samples); fix: "),
+    ({"monitoring_retention": "30s1m"},
+     "node0, node1: monitoring_retention: found '30s1m'; expected a Prometheus duration of at least 1h"),
+    ({"monitoring_collector_interval": "1ms"},
+     "node0, node1: monitoring_collector_interval: found '1ms'; expected a systemd time span of at least 5 seconds"),
+    ({"monitoring_grafana_url": "grafana.lan:3000"},
+     "node0, node1: monitoring_grafana_url: found 'grafana.lan:3000'; expected an http(s):// URL of a Grafana, or "
+     "empty; fix: "),
+    ({"fabric_monitoring_ports": [9090, 70000]},
+     "node0, node1: fabric_monitoring_ports: found [9090, 70000]; expected a list of which every element is a "
+     "number from 1 to 65,535; fix: "),
 ]
 
 
@@ -110,6 +126,7 @@ def test_a_role_variable_set_on_one_host_names_that_host():
     ("sparkfleet_fabric_mtu", 100000), ("sparkfleet_fabric_mtu", 100), ("sparkfleet_fabric_prefix", 33),
     ("sparkfleet_fabric_supernet", "banana"), ("sparkfleet_fabric_subnets", ["10.0.0.0/33"]),
     ("sparkfleet_api_allowed_sources", ["not-a-network"]), ("sparkfleet_tensor_parallel_size", 0),
+    ("sparkfleet_monitoring_allowed_sources", ["10.0.0.0/40"]),
 ])
 def test_a_bad_cluster_value_is_refused_with_its_bounds(key, value):
     (line,) = lines(with_group_vars(**{key: value}))

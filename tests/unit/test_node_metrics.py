@@ -28,7 +28,8 @@ def samples(text):
 
 
 def test_gb10_publishes_power_clock_and_xids_and_leaves_its_unknown_memory_out():
-    got = samples(nm.render(GB10_QUERY, None, KERNEL, ZRAM, None, 1_700_000_000.0, has_gpu=True))
+    got = samples(nm.render(GB10_QUERY, None, nm.xid_counts(KERNEL), ZRAM, None, 1_700_000_000.0, has_gpu=True,
+                            group_epoch=7))
     gpu = (("gpu", "0"), ("uuid", "GPU-5e1c2a9e-0000-0000-0000-000000000000"))
     assert got[("sparkfleet_gpu_power_watts", gpu)] == 22.41
     assert got[("sparkfleet_gpu_sm_clock_hertz", gpu)] == 2405e6
@@ -40,10 +41,21 @@ def test_gb10_publishes_power_clock_and_xids_and_leaves_its_unknown_memory_out()
     assert got[("sparkfleet_gpu_xid_events_total", (("code", "31"),))] == 2
     assert got[("sparkfleet_gpu_xid_events_total", (("code", "81"),))] == 1
     assert got[("sparkfleet_node_metrics_timestamp_seconds", ())] == 1_700_000_000
+    assert got[("sparkfleet_group_current_epoch", ())] == 7
+    assert got[("sparkfleet_gpu_kernel_log_ok", ())] == 1
+
+
+def test_an_unreadable_kernel_log_leaves_the_xid_counters_out_and_a_shorter_log_never_lowers_them():
+    got = samples(nm.render(GB10_QUERY, None, None, {}, None, 1.0, has_gpu=True))
+    assert got[("sparkfleet_gpu_kernel_log_ok", ())] == 0
+    assert not [key for key in got if key[0] == "sparkfleet_gpu_xid_events_total"]  # not 0: that reads as a reset
+    merged = nm.merge_counts({"31": 2, "81": 1, "bad": "x"}, nm.xid_counts(KERNEL[2:]))  # journald forgot two lines
+    assert merged == {"31": 2, "81": 1}
+    assert nm.merge_counts(None, nm.xid_counts(KERNEL)) == {"31": 2, "81": 1}
 
 
 def test_a_gpu_that_reports_memory_publishes_it_in_bytes_and_a_clean_boot_counts_zero_xids():
-    got = samples(nm.render(H100_QUERY, None, [], {}, None, 1.0, has_gpu=True))
+    got = samples(nm.render(H100_QUERY, None, nm.xid_counts([]), {}, None, 1.0, has_gpu=True))
     gpu = (("gpu", "0"), ("uuid", "GPU-aaaa"))
     assert got[("sparkfleet_gpu_memory_used_bytes", gpu)] == 70123 * 2**20
     assert got[("sparkfleet_gpu_memory_total_bytes", gpu)] == 81559 * 2**20
@@ -52,7 +64,7 @@ def test_a_gpu_that_reports_memory_publishes_it_in_bytes_and_a_clean_boot_counts
 
 def test_a_failed_or_garbled_nvidia_smi_is_published_as_such_not_as_figures():
     for query, error in ((None, "exit 9"), ("index, power.draw [W]\n0, 1, 2\n", None)):
-        got = samples(nm.render(query, error, [], {}, None, 1.0, has_gpu=True))
+        got = samples(nm.render(query, error, {}, {}, None, 1.0, has_gpu=True))
         assert got[("sparkfleet_gpu_query_ok", ())] == 0
         assert not [key for key in got if key[0] == "sparkfleet_gpu_power_watts"]
 
