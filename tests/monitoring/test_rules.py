@@ -136,28 +136,23 @@ def test_throughput_latency_and_memory_are_recorded_from_vllm_and_node_series(tm
     vllm = {**HEAD, "model_name": "tiny", "engine": "0"}
     buckets = [series("vllm:time_to_first_token_seconds_bucket", {**vllm, "le": le}, f"0+{n}x10")
                for le, n in (("0.1", 6), ("0.5", 30), ("1", 60), ("+Inf", 60))]
-    tests = [{"interval": "1m", "input_series": [
+    inputs = [
         series("vllm:generation_tokens_total", vllm, "0+600x10"),
         series("vllm:prompt_tokens_total", vllm, "0+1200x10"),
         series("node_memory_MemAvailable_bytes", NODE, "32e9x10"),
         series("node_memory_MemTotal_bytes", NODE, "128e9x10"),
         series("sparkfleet_gpu_power_watts", {**NODE, "gpu": "0"}, "60x10"),
-        *buckets],
-        "promql_expr_test": [
-            {"expr": "sparkfleet:decode_tokens:rate1m", "eval_time": "5m",
-             "exp_samples": [{"labels": 'sparkfleet:decode_tokens:rate1m{model_name="tiny",node="spark1"}',
-                              "value": 10}]},
-            {"expr": "sparkfleet:prefill_tokens:rate1m", "eval_time": "5m",
-             "exp_samples": [{"labels": 'sparkfleet:prefill_tokens:rate1m{model_name="tiny",node="spark1"}',
-                              "value": 20}]},
-            {"expr": "sparkfleet:ttft_seconds:p50", "eval_time": "5m",
-             "exp_samples": [{"labels": 'sparkfleet:ttft_seconds:p50{model_name="tiny",node="spark1"}',
-                              "value": 0.5}]},
-            {"expr": "sparkfleet:node_memory_available:ratio", "eval_time": "5m",
-             "exp_samples": [{"labels": 'sparkfleet:node_memory_available:ratio{node="spark1"}', "value": 0.25}]},
-            {"expr": "sparkfleet:node_power_watts:sum", "eval_time": "5m",
-             "exp_samples": [{"labels": 'sparkfleet:node_power_watts:sum{node="spark1"}', "value": 60}]},
-        ],
-    }]
+        *buckets,
+    ]
+    expectations = [
+        ("sparkfleet:decode_tokens:rate1m", '{model_name="tiny",node="spark1"}', 10),
+        ("sparkfleet:prefill_tokens:rate1m", '{model_name="tiny",node="spark1"}', 20),
+        ("sparkfleet:ttft_seconds:p50", '{model_name="tiny",node="spark1"}', 0.5),
+        ("sparkfleet:node_memory_available:ratio", '{node="spark1"}', 0.25),
+        ("sparkfleet:node_power_watts:sum", '{node="spark1"}', 60),
+    ]
+    checks = [{"expr": expr, "eval_time": "5m", "exp_samples": [{"labels": expr + labels, "value": value}]}
+              for expr, labels, value in expectations]
+    tests = [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}]
     result = run_promtool(tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
