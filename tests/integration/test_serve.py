@@ -385,7 +385,8 @@ def test_prometheus_scrapes_every_target_records_throughput_and_alerts_while_the
     recorded after a few requests; the head's rank stopped: SparkfleetServingDown fires (the alerts page in a real
     browser, saved as an artifact), and clears once the rank is started again and the group verified."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "monitoring"))
-    from test_dashboards import dashboard_series  # pylint: disable=import-outside-toplevel  # the dashboards' series
+    # the vLLM and node_exporter series the dashboards and the rules read
+    from test_dashboards import dashboard_series, rule_series  # pylint: disable=import-outside-toplevel
 
     def all_up():
         data = prometheus(lab, "/api/v1/targets") or {"activeTargets": []}
@@ -403,8 +404,11 @@ def test_prometheus_scrapes_every_target_records_throughput_and_alerts_while_the
         assert serves(lab)
     decode = wait_until(lambda: query(lab, "sparkfleet:decode_tokens:rate1m > 0"), "a recorded decode rate", stall=90)
     assert decode["node0"] > 0
-    missing = sorted(name for name in dashboard_series() if not query(lab, f'count({{__name__="{name}"}})'))
-    assert not missing, f"the dashboards read series the lab's Prometheus does not have: {missing}"
+    wanted = dashboard_series() | rule_series()
+    assert {"vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket", "node_systemd_unit_state",
+            "vllm:e2e_request_latency_seconds_bucket"} <= wanted
+    missing = sorted(name for name in wanted if not query(lab, f'count({{__name__="{name}"}})'))
+    assert not missing, f"the dashboards and rules read series the lab's Prometheus does not have: {missing}"
     assert not firing(lab, "SparkfleetServingDown")
 
     before = group_state(lab, "node0")
