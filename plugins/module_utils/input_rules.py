@@ -162,8 +162,9 @@ def _systemd_span(value: Any, _context: Any = None) -> bool:
 LISTEN_ADDRESS = Rule("an IPv4 address other hosts reach this one on (not 0.0.0.0, loopback or multicast), or empty",
                       _listen_address)
 # The recording rules' rate windows are 1m: at least two samples in each needs a scrape every 30 s or less.
-SCRAPE_INTERVAL = duration(1, 30, "a Prometheus duration from 1s to 30s such as 15s (the recording rules' "
-                            "1 minute rate windows need two samples)")
+SCRAPE_INTERVAL = duration(
+    1, 30, "a Prometheus duration from 1s to 30s such as 15s (the recording rules' 1 minute rate windows need two "
+    "samples)")
 RETENTION = duration(3600, 10 * 365 * 86400, "a Prometheus duration of at least 1h, units largest first, such as 15d")
 SYSTEMD_SPAN = Rule("a systemd time span of at least 5 seconds, such as 15s or 1min", _systemd_span)
 
