@@ -21,6 +21,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -116,6 +118,22 @@ def nccl_probe(stdout: str) -> dict[str, Any]:
                          "(a rank that could not reach the head's rendezvous address times out)"))
 
 
+def ipv4_of(name: Any) -> str:
+    """An IPv4 address as it is, a name as the controller resolves it (getaddrinfo, as Ansible's SSH does); ''
+    for a name that does not resolve, or resolves to loopback (no use as a firewall's source)."""
+    text = str(name or "")
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ""
+    addresses = [info[4][0] for info in infos if not ipaddress.IPv4Address(info[4][0]).is_loopback]
+    return addresses[0] if addresses else ""
+
+
 def fabric_topology(setting: str | None, size: int) -> str:
     return fabric.resolved_topology(setting, int(size))
 
@@ -132,4 +150,4 @@ class FilterModule:
                 "fabric_plan_line": fabric_plan_line, "fabric_hosts": fabric_hosts,
                 "fabric_netplan": fabric_netplan, "fabric_nftables": fabric_nftables,
                 "fabric_problems": fabric_problems, "nccl_rank_env": nccl_rank_env, "nccl_probe": nccl_probe,
-                "nccl_probe_skip": nccl_probe_skip}
+                "nccl_probe_skip": nccl_probe_skip, "ipv4_of": ipv4_of}

@@ -36,7 +36,8 @@ PLAYBOOK = """\
 INVENTORY = """\
 sparkfleet_cluster:
   hosts:
-    alpha: {sparkfleet_node_rank: 0, sparkfleet_fabric_address: 198.51.100.10}
+    # (no ansible_host, and its name resolves nowhere: the head, Prometheus' host, names its address itself)
+    alpha: {sparkfleet_node_rank: 0, sparkfleet_fabric_address: 198.51.100.10, monitoring_listen_address: 198.51.100.20}
     beta: {sparkfleet_node_rank: 1, sparkfleet_fabric_address: 198.51.100.11}
   vars:
     ansible_connection: local

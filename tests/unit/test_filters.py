@@ -6,6 +6,7 @@ import pytest
 
 from ansible_collections.sparkfleet.cluster.plugins.action.job_progress import describe
 from ansible_collections.sparkfleet.cluster.plugins.filter import network, plan
+from ansible_collections.sparkfleet.cluster.plugins.filter.fabric import ipv4_of
 
 # ---------------------------------------------------------------------------------------------- subnet_of
 
@@ -164,3 +165,10 @@ def test_describe_total_zero_has_no_percentage():
 
 def test_describe_empty_progress():
     assert describe("node0", "weights", {}) == "node0: weights  0 B / 0 B at 0 B/s"
+
+
+def test_a_monitor_address_is_an_ipv4_address_or_what_the_controller_resolves_the_name_to():
+    assert ipv4_of("192.168.1.50") == "192.168.1.50"
+    assert ipv4_of("localhost") == ""  # loopback lets nobody in
+    assert ipv4_of("no-such-monitor.invalid") == ""  # RFC 2606: never resolves
+    assert ipv4_of("") == "" and ipv4_of(None) == ""
