@@ -12,13 +12,13 @@ GB10 reports its unified memory as "[N/A]": a figure nvidia-smi does not give is
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import gpu
+from ansible_collections.sparkfleet.cluster.plugins.module_utils.prometheus_text import Textfile
 
 # The nvidia-smi fields the collector asks for.
 GPU_FIELDS = ("index", "uuid", "power.draw", "clocks.current.sm", "temperature.gpu", "utilization.gpu",
@@ -44,32 +44,6 @@ ZRAM_GAUGES = (
     ("compr_data_size", "sparkfleet_zram_compressed_bytes", "Data stored in zram after compression"),
     ("mem_used_total", "sparkfleet_zram_memory_used_bytes", "Memory zram uses, with its overhead"),
 )
-
-_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
-
-
-class Textfile:
-    """Prometheus text lines, one HELP and TYPE per metric, samples grouped under them."""
-
-    def __init__(self) -> None:
-        self._families: dict[str, tuple[str, str, list[str]]] = {}
-
-    def add(self, name: str, help_text: str, value: Any, labels: Mapping[str, Any] | None = None,
-            kind: str = "gauge") -> None:
-        if isinstance(value, bool):
-            value = int(value)
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            return  # unknown is left out, not 0
-        family = self._families.setdefault(name, (help_text, kind, []))
-        text = ",".join(f'{key}="{str(val).translate(_LABEL_ESCAPES)}"' for key, val in sorted((labels or {}).items()))
-        number = str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
-        family[2].append(f"{name}{{{text}}} {number}" if text else f"{name} {number}")
-
-    def render(self) -> str:
-        lines = []
-        for name, (help_text, kind, samples) in self._families.items():
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
-        return "\n".join(lines) + "\n"
 
 
 def gpu_samples(out: Textfile, query_text: str | None, error: str | None = None) -> None:

@@ -1,6 +1,7 @@
 # Copyright: sparkfleet developers
 # Apache License 2.0 (see LICENSE)
-"""Prometheus' text exposition format (version 0.0.4), parsed into samples: what a vLLM server's /metrics says.
+"""Prometheus' text exposition format (version 0.0.4), parsed into samples (what a vLLM server's /metrics says) and
+written (sparkfleet's textfiles for node_exporter).
 
 Pure Python (stdlib only): it runs inside an Ansible module on the head node, where no prometheus_client may be
 installed. The unit tests hold it to prometheus_client's own parser as the oracle.
@@ -8,8 +9,11 @@ installed. The unit tests hold it to prometheus_client's own parser as the oracl
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -98,3 +102,39 @@ def parse_prometheus(text: str) -> list[Sample]:
             raise MetricsParseError(f"bad value {rest[0]!r}: {line[:120]!r}") from err
         samples.append(Sample(name.group(), labels, value))
     return samples
+
+
+# The writing side: sparkfleet's textfiles for node_exporter (the node collector's, the verification's, the scrub's).
+def sample_value(value: Any) -> str | None:
+    """A sample's value as text; None for an unknown one (None, not a number, NaN or infinite), which a textfile
+    leaves out rather than publishing 0. Whole numbers are written without a fraction."""
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
+
+
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
+class Textfile:
+    """Prometheus text lines, one HELP and TYPE per metric, samples grouped under them."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, help_text: str, value: Any, labels: Mapping[str, Any] | None = None,
+            kind: str = "gauge") -> None:
+        number = sample_value(value)
+        if number is None:
+            return  # unknown is left out, not 0
+        family = self._families.setdefault(name, (help_text, kind, []))
+        text = ",".join(f'{key}="{str(val).translate(_LABEL_ESCAPES)}"' for key, val in sorted((labels or {}).items()))
+        family[2].append(f"{name}{{{text}}} {number}" if text else f"{name} {number}")
+
+    def render(self) -> str:
+        lines = []
+        for name, (help_text, kind, samples) in self._families.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+        return "\n".join(lines) + "\n"

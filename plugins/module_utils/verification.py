@@ -13,7 +13,6 @@ writes it as a status document and a Prometheus textfile, both built here.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -90,11 +89,9 @@ def status_document(result: dict[str, Any], error: Exception | None, expected: d
 
 def gauge(lines: list[str], name: str, help_text: str, value: Any) -> None:
     """One gauge of a textfile, appended to lines; an unknown (None, non-finite) value is left out."""
-    if isinstance(value, bool):
-        value = int(value)
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return  # an unknown figure is left out rather than published as 0
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+    number = prom.sample_value(value)
+    if number is not None:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {number}"]
 
 
 # The gauges of the textfile: name, help, and where in the status the value is (None: the status itself).

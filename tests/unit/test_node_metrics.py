@@ -86,6 +86,6 @@ def test_a_node_without_a_gpu_publishes_zram_and_the_nccl_probe_only():
 
 
 def test_label_values_are_escaped():
-    out = nm.Textfile()
+    out = prom.Textfile()
     out.add("m", "help", 1, {"a": 'x"y\\z\nw'})
     assert samples(out.render())[("m", (("a", 'x"y\\z\nw'),))] == 1
