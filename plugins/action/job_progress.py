@@ -21,6 +21,8 @@ display = Display()
 
 
 def describe(host: str, label: str, progress: dict) -> str:
+    if "text" in progress:  # a job that counts no bytes says where it is in words (bench_run: the test it runs)
+        return f"{host}: {label} {progress['text']}"
     done, total = progress.get("done_bytes", 0), progress.get("total_bytes", 0)
     percent = f" ({100 * done / total:.0f}%)" if total else ""
     rate = progress.get("bytes_per_second", 0)

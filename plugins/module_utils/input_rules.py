@@ -298,6 +298,10 @@ RULES: Mapping[str, Rule] = {
     "teardown_keep_images": TRUE_FALSE,
     "teardown_allow_partial": TRUE_FALSE,
     # triage
+    "bench_dir": matching(r"[^\n]+", "a directory on the controller, on one line"),
+    "bench_cluster": matching(r"[A-Za-z0-9][A-Za-z0-9._-]*", "a directory name (letters, digits, . _ -)"),
+    "bench_timeout": between(60, 7 * 86400, "seconds"),
+    "bench_needle_timeout": between(10, 86400, "seconds"),
     "triage_dir": matching(r"[^\n]+", "a directory on the controller, on one line"),
     "triage_tail_mib": between(1, 1024, "MiB"),
     "triage_logs_max_mib": between(1, 16384, "MiB"),

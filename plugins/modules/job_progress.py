@@ -20,7 +20,9 @@ options:
     type: str
     required: true
   progress_file:
-    description: JSON file the job writes (C(done_bytes), C(total_bytes), C(bytes_per_second), C(phase)).
+    description:
+      - JSON file the job writes (C(done_bytes), C(total_bytes), C(bytes_per_second), C(phase)), or, for a job
+        that counts no bytes, C(text) (where it is, in words).
     type: path
   label:
     description: What to call the job in the progress lines.

