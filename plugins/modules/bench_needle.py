@@ -175,10 +175,10 @@ def main():
             model=dict(type="str", required=True),
             tokenizer=dict(type="path", required=True),
             corpus=dict(type="path", required=True),
-            tokens=dict(type="list", elements="int", required=True),
+            tokens=dict(type="list", elements="int", required=True, no_log=False),
             fraction=dict(type="float", default=0.5),
             judge=dict(type="str", choices=["answer", "placement"], default="answer"),
-            max_tokens=dict(type="int", default=32),
+            max_tokens=dict(type="int", default=32, no_log=False),
             timeout=dict(type="int", default=1800),
             out_dir=dict(type="path", required=True),
         ),
@@ -194,7 +194,10 @@ def main():
         tokenizer = load_tokenizer(params["tokenizer"])
         with open(params["corpus"], encoding="utf-8") as handle:
             corpus = handle.read()
-        count = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
+
+        def count(text):
+            return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
         for index, tokens in enumerate(params["tokens"]):
             results.append(one(params, corpus, count, tokens, seed=index + 1))
     except BenchError as err:

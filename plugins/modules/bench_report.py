@@ -192,9 +192,8 @@ def report(module, params):
     record = dict(params["record"])
     stamp = raw.get("timestamp", "")
     title = f"{record.get('cluster', '')} {record.get('profile', '')} {stamp}".strip()
-    parts = [f"# Benchmark {title}", "", record_lines(dict(record, llama_benchy=raw.get("version"),
-                                                             latency_ms=round(raw.get("latency_ms", 0), 2))), "",
-             "## llama-benchy", "", results, ""]
+    shown = dict(record, llama_benchy=raw.get("version"), latency_ms=round(raw.get("latency_ms", 0), 2))
+    parts = [f"# Benchmark {title}", "", record_lines(shown), "", "## llama-benchy", "", results, ""]
     if compared:
         parts += ["## Against the published figures", "", comparison_table(compared), ""]
     else:

@@ -44,7 +44,7 @@ options:
     description:
       - A plain-text file the prompts are cut from.
       - Without it, C(corpus.txt) is written in O(out_dir) from the docstrings of this Python's standard library
-        (read, not imported): English prose every controller has.
+        (read, not imported), English prose every controller has.
     type: path
   grid:
     description:

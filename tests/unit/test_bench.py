@@ -198,7 +198,10 @@ def test_two_runs_side_by_side_and_what_differs():
 
 def test_the_haystack_holds_one_needle_where_asked_within_the_budget():
     corpus = " ".join(f"Sentence number {i} tells of nothing in particular at all." for i in range(50))
-    count = lambda text: len(text.split())  # noqa: E731
+
+    def count(text):
+        return len(text.split())
+
     stack = bench.haystack(corpus, count, 400, 0.25, seed=3)
     assert stack.text.count("secret passphrase") == 1 and stack.passphrase in stack.needle
     assert count(stack.text) + count(stack.question) <= 400
