@@ -9,6 +9,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.bench import (
     BenchError,
     grid_of,
+    headline_problems,
     needle_of,
     published_problems,
 )
@@ -45,6 +46,22 @@ def bench_published(figures, profile_name, source="the published figures file"):
     return points
 
 
+def bench_headline(figures, profile_name, source="the headline figures file"):
+    """The published headline figures for a profile (a mapping of profile name to its figures), checked."""
+    if not isinstance(figures, dict):
+        raise AnsibleFilterError(BenchError(f"a {type(figures).__name__} in {source}",
+                                            "a mapping of profile name to a list of figures",
+                                            "correct the file", key="bench_headline_file").line())
+    points = figures.get(profile_name) or []
+    problems = headline_problems(points)
+    if problems:
+        raise AnsibleFilterError(BenchError(f"{'; '.join(problems)} for {profile_name} in {source}",
+                                            "figures with figure, value and source", "correct the file",
+                                            key="bench_headline_file").line())
+    return points
+
+
 class FilterModule:
     def filters(self):
-        return {"bench_grid": bench_grid, "bench_needle": bench_needle, "bench_published": bench_published}
+        return {"bench_grid": bench_grid, "bench_headline": bench_headline, "bench_needle": bench_needle,
+                "bench_published": bench_published}

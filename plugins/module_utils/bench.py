@@ -281,6 +281,8 @@ def _describe_point(point: Mapping) -> str:
 
 
 def _number_text(value: float) -> str:
+    if abs(value) >= 1000 and float(value).is_integer():
+        return f"{int(value):,}"
     return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
 
 
@@ -319,6 +321,106 @@ def comparison_table(compared: list[dict]) -> str:
                 ratio + within, item["source"]]
     return table(["published point (this run's test)", "measured", "published", "ratio", "source"],
                  (line(item) for item in compared), right=(1, 2, 3))
+
+
+# ---- the headline figures (validate.yml) ----------------------------------------------------------------------
+
+# figure -> (what it is, unit)
+HEADLINE = {
+    "kv_pool_tokens": ("KV pool (tokens)", ""),
+    "decode_c1": ("decode, one stream, no context (tok/s)", ""),
+    "prefill_c1": ("prefill, one stream, no context (tok/s)", ""),
+    "allreduce_us": ("all-reduce latency (us)", ""),
+    "bus_bandwidth_gbs": ("NCCL all-reduce bus bandwidth (GB/s)", ""),
+}
+
+
+def headline_problems(points: Any) -> list[str]:
+    if not isinstance(points, list):
+        return [f"a {type(points).__name__} instead of a list of figures"]
+    problems = []
+    for index, point in enumerate(points):
+        if not isinstance(point, Mapping) or point.get("figure") not in HEADLINE:
+            problems.append(f"figure {index + 1}: {point!r} (figure one of {', '.join(HEADLINE)})")
+            continue
+        value = point.get("value")
+        if not (_is_number(value) or (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
+                                      and value[0] <= value[1])):
+            problems.append(f"figure {index + 1}: value={value!r} (a number, or [low, high])")
+        if not isinstance(point.get("source"), str) or not point["source"].strip():
+            problems.append(f"figure {index + 1}: no source")
+        if point["figure"] == "allreduce_us" and not isinstance(point.get("size_bytes"), int):
+            problems.append(f"figure {index + 1}: an all-reduce latency without size_bytes")
+    return problems
+
+
+def measured_headline(found: list[Row], pool_tokens: int | None, nccl: Mapping[str, Any]) -> dict:
+    """What this run measured of the headline figures, each with why it is missing where it is: the pool the
+    verification found, the one-stream decode and prefill at no context (the largest prompt's prefill), and the
+    slowest node's NCCL probe record (latency by message size, bus bandwidth)."""
+    measured: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    if pool_tokens:
+        measured["kv_pool_tokens"] = pool_tokens
+    else:
+        missing["kv_pool_tokens"] = "the verification found no pool"
+    single = [row for row in found if row.concurrency == 1 and row.depth == 0 and row.value("t_s")]
+    decode = [row for row in single if row.kind == "decode"]
+    prefill = sorted((row for row in single if row.kind == "prefill"), key=lambda row: row.prompt)
+    for key, rows_ in (("decode_c1", decode), ("prefill_c1", prefill[-1:])):
+        if rows_:
+            measured[key] = rows_[0].value("t_s").mean
+        else:
+            missing[key] = "the grid has no test at concurrency 1 and depth 0"
+    records = [record for record in nccl.values() if isinstance(record, Mapping) and record.get("latency_us")]
+    if records:
+        latency: dict[int, float] = {}
+        for record in records:
+            for size, micros in record["latency_us"].items():
+                latency[int(size)] = max(latency.get(int(size), 0.0), float(micros))
+        measured["allreduce_us"] = latency
+        bandwidth = [float(r["bus_bandwidth_gbs"]) for r in records if r.get("bus_bandwidth_gbs") is not None]
+        if bandwidth:
+            measured["bus_bandwidth_gbs"] = min(bandwidth)
+    else:
+        why = "no NCCL probe record on any node (the probe runs on NVIDIA nodes, in the fabric stage)"
+        missing["allreduce_us"] = missing["bus_bandwidth_gbs"] = why
+    return {"measured": measured, "missing": missing}
+
+
+def headline(found: dict, points: list[Mapping]) -> list[dict]:
+    """Each published headline figure beside what was measured (or why nothing was), with the ratio."""
+    lines = []
+    for point in points:
+        figure = point["figure"]
+        what = HEADLINE[figure][0] + (f", {point['size_bytes']:,} B" if figure == "allreduce_us" else "")
+        value = point["value"]
+        low, high = (value, value) if _is_number(value) else value
+        published = _number_text(low) if low == high else f"{_number_text(low)}-{_number_text(high)}"
+        measured = found["measured"].get(figure)
+        if figure == "allreduce_us" and isinstance(measured, Mapping):
+            measured = measured.get(point["size_bytes"])
+            why = f"the probe measured no {point['size_bytes']:,} B all-reduce" if measured is None else ""
+        else:
+            why = found["missing"].get(figure, "")
+        line = {"figure": what, "published": published, "source": point["source"].strip(), "measured": measured,
+                "ratio": None, "within": None, "why": why}
+        if measured is not None:
+            middle = (low + high) / 2
+            line.update(ratio=measured / middle if middle else None, within=low <= measured <= high)
+        lines.append(line)
+    return lines
+
+
+def headline_table(lines: list[dict]) -> str:
+    def cells(line: dict) -> list[str]:
+        if line["measured"] is None:
+            return [line["figure"], "", line["published"], f"not measured: {line['why']}", line["source"]]
+        within = " (within the range)" if line["within"] and "-" in line["published"] else ""
+        return [line["figure"], _number_text(line["measured"]), line["published"],
+                (f"{line['ratio']:.2f}x" if line["ratio"] is not None else "") + within, line["source"]]
+    return table(["figure", "measured", "published", "ratio", "source"], (cells(line) for line in lines),
+                 right=(1, 2, 3))
 
 
 # ---- two runs side by side ------------------------------------------------------------------------------------

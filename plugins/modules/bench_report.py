@@ -40,6 +40,13 @@ options:
   needle:
     description: The long-context retrieval check's result (M(sparkfleet.cluster.bench_needle)), shown with the run.
     type: dict
+  headline:
+    description:
+      - The headline figures to tabulate against the published ones (C(validate.yml)) - C(published) (a list of
+        C(figure), C(value), C(source) and, for C(allreduce_us), C(size_bytes)), C(pool_tokens) (what the
+        verification found) and C(nccl) (each node's last NCCL probe record, or null). The one-stream decode and
+        prefill come from the run's own tests.
+    type: dict
   compare_to:
     description: Another run's directory; the report is then the two side by side (this run second).
     type: path
@@ -75,6 +82,11 @@ table:
   description: The run's results table (or, with O(compare_to), the side-by-side table) in Markdown.
   returned: always
   type: str
+headline:
+  description: Each headline figure with what was measured (or why nothing was), the published value and the ratio.
+  returned: when O(headline) was given
+  type: list
+  elements: dict
 comparison:
   description: Each published point with what this run measured there and the ratio.
   returned: when published points were given
@@ -97,7 +109,11 @@ from ansible_collections.sparkfleet.cluster.plugins.module_utils.bench import (
     comparison,
     comparison_table,
     differences,
+    headline,
+    headline_problems,
+    headline_table,
     load_raw,
+    measured_headline,
     published_problems,
     results_table,
     rows,
@@ -199,6 +215,17 @@ def report(module, params):
     else:
         parts += ["## Against the published figures", "",
                   f"No published figures for profile {record.get('profile', '?')}.", ""]
+    headlines = []
+    if params["headline"] is not None:
+        wanted = params["headline"].get("published") or []
+        problems = headline_problems(wanted)
+        if problems:
+            raise BenchError("; ".join(problems), "headline figures with figure, value and source",
+                             "correct the headline figures file", key="headline")
+        headlines = headline(measured_headline(found, params["headline"].get("pool_tokens"),
+                                               params["headline"].get("nccl") or {}), wanted)
+        parts += ["## Headline figures", "", headline_table(headlines) if headlines else
+                  f"No published headline figures for profile {record.get('profile', '?')}.", ""]
     if params["needle"]:
         parts += ["## Long-context retrieval (needle in a haystack)", "", needle_lines(params["needle"]), ""]
     parts += ["## Plots", ""] + [f"![{label}]({name})" for name, _kind, _key, label in PLOTS] + [""]
@@ -211,9 +238,9 @@ def report(module, params):
             handle.write("\n".join(parts))
         with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as handle:
             json.dump({"record": record, "rows": [row_dict(row) for row in found], "comparison": compared,
-                       "needle": params["needle"]}, handle, indent=2, sort_keys=True)
+                       "needle": params["needle"], "headline": headlines}, handle, indent=2, sort_keys=True)
         files += [os.path.join(run_dir, "results.md"), os.path.join(run_dir, "run.json")]
-    return {"table": results, "comparison": compared, "files": files}
+    return {"table": results, "comparison": compared, "headline": headlines, "files": files}
 
 
 def row_dict(row):
@@ -258,6 +285,7 @@ def main():
             record=dict(type="dict", default={}),
             published=dict(type="list", elements="dict", default=[]),
             needle=dict(type="dict"),
+            headline=dict(type="dict"),
             compare_to=dict(type="path"),
         ),
         supports_check_mode=True,

@@ -140,7 +140,6 @@ import http.server
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -189,36 +188,50 @@ def serve_file(path):
 
 
 class Progress:
-    """The test in progress, from llama-benchy's own lines, written to the progress file as they come."""
+    """The test in progress, from llama-benchy's own progress events (a request starting names its test and run),
+    written to the progress file as they come."""
 
     def __init__(self, path, tests, runs):
         self.path, self.tests, self.runs = path, tests, runs
-        self.test, self.label, self.what = 0, "", "starting"
+        self.test, self.current, self.text = 0, None, "warming up"
 
-    def line(self, text):
-        text = text.strip()
-        if text.startswith("Running test: "):
-            self.test += 1
-            fields = dict(part.strip().split("=", 1) for part in text[len("Running test: "):].split(","))
-            self.what = (f"pp{fields.get('pp')} tg{fields.get('tg')} depth {fields.get('depth')} "
-                         f"c{fields.get('concurrency')}")
-            self.label = "warm-up"
-        elif text.startswith(("Warmup (", "Run ")) and self.test:
-            self.label = text.split(" (", 1)[0].lower().replace("warmup", "warm-up")
-        elif text.startswith(("Warming up", "Running coherence", "Measuring latency")):
-            self.what = text.rstrip(".")
-        else:
+    def event(self, event):
+        if event.get("type") != "request_start":
             return
+        key = tuple(event.get(name) for name in ("prompt_size", "response_size", "context_size", "concurrency"))
+        if key != self.current:
+            self.test, self.current = self.test + 1, key
+        self.text = (f"test {self.test} of {self.tests}: pp{key[0]} tg{key[1]} depth {key[2]} c{key[3]}, "
+                     f"run {event.get('run_index')}/{self.runs}")
         self.write()
 
     def write(self, phase="running"):
         if not self.path:
             return
-        text = f"test {self.test} of {self.tests}: {self.what}, {self.label}" if self.test else self.what
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"phase": phase, "text": text, "test": self.test, "tests": self.tests}, handle)
+            json.dump({"phase": phase, "text": self.text, "test": self.test, "tests": self.tests}, handle)
         os.replace(tmp, self.path)
+
+
+def follow(path, progress, done):
+    """Read llama-benchy's events file as it grows (whole lines only) until done is set."""
+    position, partial = 0, ""
+    while not done.wait(1.0) or position < (os.path.getsize(path) if os.path.exists(path) else 0):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                handle.seek(position)
+                chunk = handle.read()
+                position = handle.tell()
+        except OSError:
+            continue
+        lines = (partial + chunk).split("\n")
+        partial = lines.pop()
+        for text in lines:
+            try:
+                progress.event(json.loads(text))
+            except ValueError:
+                continue
 
 
 def count_requests(events_path):
@@ -300,34 +313,30 @@ def main():
     argv = llama_benchy_argv(grid, params["base_url"], params["model"], params["tokenizer"],
                              f"http://127.0.0.1:{server.server_address[1]}/corpus.txt", result_path, events_path)
     argv += ["--exact-tg"] + ([] if params["coherence"] else ["--skip-coherence"])
-    env = dict(os.environ, HOME=home, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
+    env = dict(HOME=home, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
                SPARKFLEET_BENCH_API_KEY=params["api_key"] or "")
     started = time.monotonic()
-    timed_out = False
+    done = threading.Event()
+    follower = threading.Thread(target=follow, args=(events_path, progress, done), daemon=True)
+    follower.start()
     try:
-        with open(log_path, "w", encoding="utf-8") as log, \
-                subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=env) as proc:
-            timer = threading.Timer(params["timeout"], proc.kill)
-            timer.start()
-            try:
-                for text in proc.stdout:
-                    log.write(text)
-                    log.flush()
-                    progress.line(text)
-            finally:
-                timer.cancel()
-            code = proc.wait()
-            timed_out = time.monotonic() - started >= params["timeout"]
+        # (coreutils' timeout ends a run that hangs; its exit status 124 says so)
+        code, out, err = module.run_command([module.get_bin_path("timeout", required=True), "--kill-after=30",
+                                             str(params["timeout"]), sys.executable, "-c", CHILD, *argv],
+                                            environ_update=env, cwd=out_dir)
     finally:
+        done.set()
+        follower.join(timeout=30)
         server.shutdown()
         shutil.rmtree(home, ignore_errors=True)
+    timed_out = code in (124, 137)
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(out + err)
     seconds = round(time.monotonic() - started, 1)
     answered, failed = count_requests(events_path)
     progress.write(phase="done" if code == 0 else "failed")
-    with open(log_path, encoding="utf-8") as handle:
-        output = handle.read()
+    output = out + err
     tail = " | ".join(output.strip().splitlines()[-6:])
     if timed_out:
         module.fail_json(msg=line(f"llama-benchy still running after {params['timeout']} s (stopped)",

@@ -7,10 +7,16 @@ import os
 import sysconfig
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 from conftest import ROOT
 
-from ansible_collections.sparkfleet.cluster.plugins.filter.bench import bench_grid, bench_needle, bench_published
+from ansible_collections.sparkfleet.cluster.plugins.filter.bench import (
+    bench_grid,
+    bench_headline,
+    bench_needle,
+    bench_published,
+)
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import bench
 from ansible_collections.sparkfleet.cluster.plugins.plugin_utils import profiles
 
@@ -157,7 +163,6 @@ def test_each_published_point_meets_the_tests_that_measured_it():
 
 
 def test_the_shipped_published_figures_are_well_formed_and_name_their_source():
-    import yaml
     with open(os.path.join(ROOT, "roles/bench/files/published.yml"), encoding="utf-8") as handle:
         figures = yaml.safe_load(handle)
     for name, points in figures.items():
@@ -223,3 +228,42 @@ def test_the_controllers_own_corpus_is_prose_and_the_same_each_time():
     assert all(paragraph.count(". ") >= 2 for paragraph in paragraphs)
     assert bench.docstring_corpus(stdlib, limit_bytes=200_000) == text
     assert json.dumps(text)  # plain text
+
+
+# ---- the headline figures -------------------------------------------------------------------------------------
+
+
+def test_headline_figures_beside_the_published_ones_or_why_they_are_missing():
+    found = [row("pp512", "prefill", prompt=512, mean=650.0), row("pp2048", "prefill", prompt=2048, mean=700.0),
+             row("tg128", "decode", prompt=2048, mean=22.0), row("tg128 (c4)", "decode", concurrency=4, mean=40.0)]
+    nccl = {"node0": {"latency_us": {"4096": 40.0, "2097152": 300.0}, "bus_bandwidth_gbs": 22.0},
+            "node1": {"latency_us": {"4096": 45.5, "2097152": 280.0}, "bus_bandwidth_gbs": 21.0}, "node2": None}
+    measured = bench.measured_headline(found, 2_000_000, nccl)
+    assert measured["measured"] == {"kv_pool_tokens": 2_000_000, "decode_c1": 22.0, "prefill_c1": 700.0,
+                                    "allreduce_us": {4096: 45.5, 2097152: 300.0}, "bus_bandwidth_gbs": 21.0}
+    points = [{"figure": "kv_pool_tokens", "value": 2049230, "source": "s1"},
+              {"figure": "allreduce_us", "size_bytes": 2097152, "value": [232, 362], "source": "s2"},
+              {"figure": "allreduce_us", "size_bytes": 10240, "value": [67, 77], "source": "s3"}]
+    lines = bench.headline(measured, points)
+    assert lines[0]["ratio"] == pytest.approx(2_000_000 / 2049230) and not lines[0]["within"]
+    assert lines[1]["measured"] == 300.0 and lines[1]["within"]
+    assert lines[2]["measured"] is None and lines[2]["why"] == "the probe measured no 10,240 B all-reduce"
+    text = bench.headline_table(lines)
+    assert "| KV pool (tokens) | 2,000,000 | 2,049,230 | 0.98x | s1 |" in text
+    assert "| all-reduce latency (us), 2,097,152 B | 300.0 | 232.0-362.0 | 1.01x (within the range) | s2 |" in text
+    # the lab: no GPU, so no probe record on any node
+    lab = bench.headline(bench.measured_headline(found, 87296, {"node0": None, "node1": None}),
+                         [{"figure": "bus_bandwidth_gbs", "value": 21.875, "source": "floor"}])
+    assert lab[0]["measured"] is None and lab[0]["why"].startswith("no NCCL probe record on any node")
+
+
+def test_the_shipped_headline_figures_are_well_formed():
+    with open(os.path.join(ROOT, "roles/bench/files/headline.yml"), encoding="utf-8") as handle:
+        figures = yaml.safe_load(handle)
+    for name in figures:
+        assert os.path.isfile(os.path.join(ROOT, "profiles", f"{name}.yml")), name
+        assert bench_headline(figures, name)
+    with pytest.raises(AnsibleFilterError, match=r"bench_headline_file: found figure 1: .*\(figure one of"):
+        bench_headline({"x": [{"figure": "speed", "value": 1, "source": "s"}]}, "x")
+    with pytest.raises(AnsibleFilterError, match="an all-reduce latency without size_bytes"):
+        bench_headline({"x": [{"figure": "allreduce_us", "value": 1, "source": "s"}]}, "x")
