@@ -9,8 +9,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOK_LIMIT = 2700
 
 
-def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None, cwd=None, envvars=None):
-    """Run a playbook the way a user's CI would, through ansible-runner; returns the runner object."""
+def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None, cwd=None, envvars=None,
+                 event_handler=None):
+    """Run a playbook the way a user's CI would, through ansible-runner; returns the runner object.
+    event_handler(event) is called with each of the play's events as it happens (ansible-runner's own hook)."""
     os.makedirs(tmp_dir, exist_ok=True)
     env = {"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "false"}
     env.update(envvars or {})
@@ -19,6 +21,8 @@ def run_playbook(tmp_dir, playbook, inventory=None, extravars=None, cmdline=None
                   extravars=extravars or {}, cmdline=cmdline, project_dir=cwd or ROOT, timeout=PLAYBOOK_LIMIT)
     if inventory:
         kwargs["inventory"] = inventory
+    if event_handler:
+        kwargs["event_handler"] = lambda event: event_handler(event) or True
     return ansible_runner.run(**kwargs)
 
 

@@ -20,9 +20,10 @@ def test_lab_grows_to_three_nodes_and_shrinks_back(weights_lab, tmp_path):
     assert "node2:" in text and "sparkfleet_tensor_parallel_size: 3" in text
     # The new node is planned, prepared, cabled and given the weights. Serving three CPU ranks costs minutes on a
     # 2-core machine, and the image stage installs the same venv on node2 as on the others: test_serve covers both
-    # (TP2). The lab's model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned).
+    # (TP2). The lab's model splits over 3 ranks too (TP3 served by hand: 131,072 tokens, as planned). Nor does it
+    # watch: the watch stage installs the same packages on node2 as on the serving lab's nodes (test_serve).
     site = run_playbook(tmp_path / "site", os.path.join(ROOT, "site.yml"), inventory=lab["inventory"],
-                        cmdline="--skip-tags image,serve,verify")
+                        cmdline="--skip-tags image,serve,verify,watch")
     assert site.status == "successful", output(site)[-4000:]
     assert set(site.stats["ok"]) == {"node0", "node1", "node2"}
     assert on_node(lab, "node2", "test", "-s", "/var/lib/sparkfleet/hf/hub/models--sparkfleet--tiny-cpu/"

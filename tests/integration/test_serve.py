@@ -731,19 +731,39 @@ def rank_starts(lab, node="node0"):
     return sorted(int(seconds) for seconds in re.findall(r" UTC \(epoch (\d+)\)", text))
 
 
-def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None):
+# The task upgrade.yml runs just before the drain, once every node has prepared the new state: the load starts
+# there. (A client load keeps vLLM's engine busy, about a core of this machine; during the minutes of preparation
+# before it, no rank stops and the same processes serve - what the case that fails in its preparation checks.)
+BEFORE_THE_DRAIN = "Check every rank before any stops"
+
+
+def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None, load_from=None):
     """upgrade.yml under a client load, from a group that serves verified; returns (runner, its output on one
-    line, the requests the load sent while it ran). No answered request may be cut short,
-    but for those sent to a start that failed its verification: unverified_after(requests) says from when."""
+    line, the requests the load sent while it ran). The load runs from the start, or from the play's task named
+    load_from on (held until a request is in flight, so that the drain finds one). No answered request may be cut
+    short, but for those sent to a start that failed its verification: unverified_after(requests) says from when."""
     assert start_status(lab).get("ok") and group_state(lab, "node0").get("phase") == "ready"
-    load = client_load(lab)
-    try:
+    loads = []
+
+    def start_load():
+        loads.append(client_load(lab))
         wait_until(lambda: running(lab) > 0, "the load to run", stall=60)
+
+    def on_event(event):
+        if not loads and event.get("event") == "playbook_on_task_start" and \
+                event.get("event_data", {}).get("task") == load_from:
+            start_load()  # (the play waits meanwhile: its events are not read until this returns)
+
+    if load_from is None:
+        start_load()
+    try:
         started = time.monotonic()
-        runner = run_playbook(tmp_path / name, UPGRADE, inventory=lab["inventory"], extravars=extravars)
+        runner = run_playbook(tmp_path / name, UPGRADE, inventory=lab["inventory"], extravars=extravars,
+                              event_handler=on_event if load_from else None)
         seconds = time.monotonic() - started
     finally:
-        requests = stop_load(lab, load)
+        requests = stop_load(lab, loads[0]) if loads else []
+    assert loads, f"the play never reached {load_from!r}, where the load starts:\n" + output(runner)[-4000:]
     answered = [r for r in requests if r["ok"]]
     short = [r for r in answered if not (r["tokens"] == LOAD_TOKENS and r["finish"] == "length")]
     since = unverified_after() if unverified_after and short else None
@@ -752,7 +772,8 @@ def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None):
     cut = [r for r in short if since is None or r["began"] < since]
     assert answered and not cut, f"{len(cut)} of {len(answered)} answers cut short: {cut[:5]}"
     unverified = f"; {len(short)} sent to the start that failed its verification cut short" if short else ""
-    figure(f"upgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}{unverified}")
+    begins = "" if load_from is None else f" (the load from {load_from!r} on)"
+    figure(f"upgrade.yml {name}: the play {seconds:.0f} s; {outage(requests)}{unverified}{begins}")
     return runner, " ".join(output(runner).split()), requests
 
 
@@ -807,7 +828,8 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-failing-state",
                                                 {"sparkfleet_vllm_args": {"num-gpu-blocks-override": 6,
                                                                           "max-model-len": 256}},
-                                                unverified_after=lambda: rank_starts(lab)[-2])
+                                                unverified_after=lambda: rank_starts(lab)[-2],
+                                                load_from=BEFORE_THE_DRAIN)
     assert runner.status == "failed", text[-4000:]
     assert [r for r in requests if not r["ok"]]  # the load saw the two restarts
     assert "upgrade FAILED and was rolled back. The new state: node0: found the group gave-up" in text, text[-4000:]
@@ -822,7 +844,8 @@ def test_upgrade_rolls_a_failing_state_back_and_moves_to_a_good_one_under_load(s
     assert serves(lab)
 
     runner, text, requests = upgrade_under_load(lab, tmp_path, "to-a-good-state",
-                                                {"sparkfleet_vllm_args": {"max-num-seqs": 6}})
+                                                {"sparkfleet_vllm_args": {"max-num-seqs": 6}},
+                                                load_from=BEFORE_THE_DRAIN)
     assert runner.status == "successful", text[-4000:]
     assert [r for r in requests if not r["ok"]]  # the load saw the restart
     assert re.search(r"upgraded: the group serves the new state, verified \(epoch \d+, KV pool 87,296 tokens, "
