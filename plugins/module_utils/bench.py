@@ -304,9 +304,7 @@ def comparison(found: list[Row], points: list[Mapping]) -> list[dict]:
             compared.append(dict(base, test="", measured=None, ratio=None, within=None))
         for row in matched:
             measured = row.value(point["metric"]).mean
-            # a decode row's name does not say the prompt it followed; two of them can share it
-            test = row.test + (f" after pp{row.prompt}" if row.kind == "decode" else "")
-            compared.append(dict(base, test=test, measured=measured,
+            compared.append(dict(base, test=label(row), measured=measured,
                                  ratio=measured / middle if middle else None, within=low <= measured <= high))
     return compared
 
@@ -426,18 +424,28 @@ def headline_table(lines: list[dict]) -> str:
 # ---- two runs side by side ------------------------------------------------------------------------------------
 
 
+def label(row: Row) -> str:
+    """A row's name, unique within a run: llama-benchy's test name, and for a decode row the prompt it followed
+    (two decode tests of one grid can share a name, tg128 after pp2048 and after pp8192)."""
+    return row.test + (f" after pp{row.prompt}" if row.kind == "decode" else "")
+
+
+def _identity(row: Row) -> tuple:
+    return (row.kind, row.prompt, row.response, row.depth, row.concurrency)
+
+
 def side_by_side(first: list[Row], second: list[Row]) -> list[dict]:
-    """The tests both runs measured (by name), each one's mean t/s and the second's ratio to the first; then the
-    tests only one of them ran."""
-    by_name = {row.test: row for row in second}
+    """The tests both runs measured (the same kind, prompt, answer, depth and concurrency), each one's mean t/s
+    and the second's ratio to the first; then the tests only one of them ran."""
+    by_test = {_identity(row): row for row in second}
     lines = []
     for row in first:
-        other = by_name.pop(row.test, None)
+        other = by_test.pop(_identity(row), None)
         a, b = row.value("t_s"), other.value("t_s") if other else None
-        lines.append({"test": row.test, "first": a.mean if a else None, "second": b.mean if b else None,
+        lines.append({"test": label(row), "first": a.mean if a else None, "second": b.mean if b else None,
                       "ratio": b.mean / a.mean if a and b and a.mean else None})
-    lines += [{"test": name, "first": None, "second": row.value("t_s").mean if row.value("t_s") else None,
-               "ratio": None} for name, row in by_name.items()]
+    lines += [{"test": label(row), "first": None, "second": row.value("t_s").mean if row.value("t_s") else None,
+               "ratio": None} for row in by_test.values()]
     return lines
 
 
@@ -505,10 +513,11 @@ class Haystack:
     question: str
 
 
-def haystack(corpus: str, count_tokens, tokens: int, fraction: float, seed: int) -> Haystack:
+def haystack(corpus: str, count_tokens, tokens: int, fraction: float, seed: int, nonce: str = "") -> Haystack:
     """A haystack of about `tokens` tokens of the corpus's sentences (as counted by count_tokens, the served
     model's own tokenizer) with one needle sentence at `fraction` of the way in, and the question that asks for
-    it. The passphrase is two random words and a number, so that no model can guess it."""
+    it. The passphrase is two random words and a number, so that no model can guess it. The text opens with the
+    nonce, so that no two haystacks share a prefix (vLLM's prefix cache would make the longer one look fast)."""
     rng = random.Random(seed)
     sentences = [s.strip() + "." for s in corpus.replace("\n", " ").split(".") if len(s.split()) >= 4]
     if not sentences:
@@ -518,7 +527,8 @@ def haystack(corpus: str, count_tokens, tokens: int, fraction: float, seed: int)
     passphrase = f"{rng.choice(words)}-{rng.choice(words)}-{rng.randrange(1000, 9999)}"
     needle = f" The secret passphrase is {passphrase}. Remember it. "
     question = "What is the secret passphrase given in the text above? Answer with the passphrase only."
-    budget = tokens - count_tokens(needle) - count_tokens(question)
+    opening = f"Record {nonce}. " if nonce else ""
+    budget = tokens - count_tokens(needle) - count_tokens(question) - count_tokens(opening)
     if budget <= 0:
         raise BenchError(f"a haystack of {tokens:,} tokens", "more tokens than the needle and the question take",
                          "raise the needle's depth", key="bench_needle")
@@ -532,7 +542,7 @@ def haystack(corpus: str, count_tokens, tokens: int, fraction: float, seed: int)
         used += cost
         index += 1
     cut = round(len(parts) * fraction)
-    text = " ".join(parts[:cut]) + needle + " ".join(parts[cut:])
+    text = opening + " ".join(parts[:cut]) + needle + " ".join(parts[cut:])
     return Haystack(text=text, needle=needle.strip(), passphrase=passphrase, question=question)
 
 

@@ -109,6 +109,7 @@ results:
 
 import json
 import os
+import secrets
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -142,19 +143,24 @@ def post(params, path, body):
 
 
 def one(params, corpus, count, tokens, seed):
-    stack = haystack(corpus, count, tokens, params["fraction"], seed)
+    stack = haystack(corpus, count, tokens, params["fraction"], seed, nonce=secrets.token_hex(8))
     messages = [{"role": "user", "content": f"{stack.text}\n\n{stack.question}"}]
     read = post(params, "/tokenize", {"model": params["model"], "messages": messages,
-                                      "add_generation_prompt": True})
+                                      "add_generation_prompt": True,
+                                      "chat_template_kwargs": {"enable_thinking": False}})
     ids = read.get("tokens") or []
     marker = post(params, "/tokenize", {"model": params["model"], "prompt": " secret passphrase is",
                                         "add_special_tokens": False}).get("tokens") or []
     at = find_subsequence(ids, marker)
     started = time.monotonic()
+    # A reasoning model (GLM's chat template) would spend the answer's tokens thinking: asked not to; what it
+    # says in its reasoning counts too.
     answer = post(params, "/v1/chat/completions", {
-        "model": params["model"], "messages": messages, "temperature": 0, "max_tokens": params["max_tokens"]})
+        "model": params["model"], "messages": messages, "temperature": 0, "max_tokens": params["max_tokens"],
+        "chat_template_kwargs": {"enable_thinking": False}})
     seconds = time.monotonic() - started
-    text = ((answer.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    message = (answer.get("choices") or [{}])[0].get("message") or {}
+    text = " ".join(str(message.get(key) or "") for key in ("content", "reasoning_content", "reasoning")).strip()
     prompt_tokens = (answer.get("usage") or {}).get("prompt_tokens")
     # where the passphrase sentence starts by the local count; the server's count adds the chat template's opening
     wanted = count(stack.text.split(stack.needle, 1)[0])

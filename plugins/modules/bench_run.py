@@ -164,6 +164,9 @@ CHILD = ("import os, sys; key = os.environ.pop('SPARKFLEET_BENCH_API_KEY', ''); 
 # llama-benchy's warnings when neither token IDs nor a usage report came back: it then counts tokens itself
 # (with the tokenizer, or one a stream chunk), which is not the server's count.
 OWN_COUNTING = ("No token_ids or usage in response", "No token_ids, usage, or tokenizer")
+# llama-benchy's lines when the tokenizer it was given does not load: it would go on with another one (gpt2, from
+# the Hub), and every prompt would have another length than the grid's.
+TOKENIZER_FALLBACK = ("Error loading tokenizer", "Falling back to 'gpt2'")
 
 
 def serve_file(path):
@@ -313,9 +316,11 @@ def main():
     argv = llama_benchy_argv(grid, params["base_url"], params["model"], params["tokenizer"],
                              f"http://127.0.0.1:{server.server_address[1]}/corpus.txt", result_path, events_path)
     argv += ["--exact-tg"] + ([] if params["coherence"] else ["--skip-coherence"])
-    env = dict(HOME=home, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
-               SPARKFLEET_BENCH_API_KEY=params["api_key"] or "")
+    # Straight to the head and to the loopback text, as every other request of the collection goes: no proxy of
+    # the controller's environment between them (it would see the key and skew the timings).
+    env = dict(HOME=home, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", NO_PROXY="*",
+               no_proxy="*", HTTP_PROXY="", HTTPS_PROXY="", ALL_PROXY="", http_proxy="", https_proxy="",
+               all_proxy="", SPARKFLEET_BENCH_API_KEY=params["api_key"] or "")
     started = time.monotonic()
     done = threading.Event()
     follower = threading.Thread(target=follow, args=(events_path, progress, done), daemon=True)
@@ -330,13 +335,16 @@ def main():
         follower.join(timeout=30)
         server.shutdown()
         shutil.rmtree(home, ignore_errors=True)
-    timed_out = code in (124, 137)
+    # (124: timeout ended it; killed after its grace, 137, at the limit too - not an out-of-memory kill before it)
+    timed_out = code == 124 or (code != 0 and time.monotonic() - started >= params["timeout"])
+    output = out + err
+    if params["api_key"]:  # (llama-benchy never prints it; should a later one, the log still holds no key)
+        output = output.replace(params["api_key"], "<redacted>")
     with open(log_path, "w", encoding="utf-8") as log:
-        log.write(out + err)
+        log.write(output)
     seconds = round(time.monotonic() - started, 1)
     answered, failed = count_requests(events_path)
     progress.write(phase="done" if code == 0 else "failed")
-    output = out + err
     tail = " | ".join(output.strip().splitlines()[-6:])
     if timed_out:
         module.fail_json(msg=line(f"llama-benchy still running after {params['timeout']} s (stopped)",
@@ -345,6 +353,10 @@ def main():
     if code != 0 or not os.path.isfile(result_path):
         module.fail_json(msg=line(f"llama-benchy exit {code} ({tail})", "a finished run with its JSON result",
                                   f"read {log_path}"), log=log_path, tests=tests)
+    if any(warning in output for warning in TOKENIZER_FALLBACK):
+        module.fail_json(msg=line(f"the tokenizer {params['tokenizer']} refused by llama-benchy ({tail})",
+                                  "the served model's own tokenizer.json", "check the files bench.yml fetched from "
+                                  "the head", key="tokenizer"), log=log_path, tests=tests)
     if any(warning in output for warning in OWN_COUNTING):
         module.fail_json(msg=line("output tokens counted by llama-benchy (no token IDs and no usage report)",
                                   "the server's own token counts", "use vLLM's OpenAI server, which reports them"),

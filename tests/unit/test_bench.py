@@ -189,11 +189,27 @@ def test_a_malformed_published_point_is_refused_by_number(point, found):
 
 def test_two_runs_side_by_side_and_what_differs():
     first = [row("pp64", "prefill", mean=100.0), row("tg16", "decode", mean=20.0)]
-    second = [row("pp64", "prefill", mean=150.0), row("tg32", "decode", mean=30.0)]
+    second = [row("pp64", "prefill", mean=150.0), bench.Row("tg32", "decode", 64, 32, 0, 1,
+                                                            {"t_s": bench.Metric(30.0, 0.0)})]
     lines = bench.side_by_side(first, second)
-    assert [(line["test"], line["ratio"]) for line in lines] == [("pp64", 1.5), ("tg16", None), ("tg32", None)]
+    assert [(line["test"], line["ratio"]) for line in lines] == \
+        [("pp64", 1.5), ("tg16 after pp64", None), ("tg32 after pp64", None)]
     text = bench.side_by_side_table(lines, "a", "b")
-    assert "| pp64 | 100.0 | 150.0 | 1.50x |" in text and "| tg16 | 20.00 |  | not in both |" in text
+    assert "| pp64 | 100.0 | 150.0 | 1.50x |" in text and "| tg16 after pp64 | 20.00 |  | not in both |" in text
+
+
+def test_a_grids_decode_tests_that_share_a_name_are_each_put_beside_their_own():
+    # the quick grid's two prompts give two "tg16 (c1)" rows (after pp64 and after pp128), and so on
+    found = bench.rows(bench.load_raw(RAW))
+    doubled = [bench.Row(r.test, r.kind, r.prompt, r.response, r.depth, r.concurrency,
+                         {k: bench.Metric(v.mean * (2 if r.prompt == 64 else 3), v.std) if v else None
+                          for k, v in r.values.items()}) for r in found]
+    lines = bench.side_by_side(found, doubled)
+    assert len(lines) == len(found) and all(line["ratio"] is not None for line in lines)
+    for line, r in zip(lines, found, strict=True):
+        assert line["ratio"] == pytest.approx(2 if r.prompt == 64 else 3), line
+    assert len({line["test"] for line in lines}) == len(lines)  # every label names one test
+    assert all(line["ratio"] == pytest.approx(1) for line in bench.side_by_side(found, found))
     assert bench.differences({"image": "x", "plan": {"pool": 1, "len": 2}}, {"image": "y", "plan": {"pool": 1}}) \
         == [("image", "x", "y"), ("plan.len", 2, None)]
 
@@ -214,6 +230,9 @@ def test_the_haystack_holds_one_needle_where_asked_within_the_budget():
     assert 0.2 < count(before) / count(stack.text) < 0.3
     assert bench.haystack(corpus, count, 400, 0.25, seed=3) == stack  # the same seed, the same passphrase
     assert bench.haystack(corpus, count, 400, 0.25, seed=4).passphrase != stack.passphrase
+    # a nonce opens the text: two haystacks share no prefix for vLLM's cache to reuse
+    opened = bench.haystack(corpus, count, 400, 0.25, seed=3, nonce="0123abcd")
+    assert opened.text.startswith("Record 0123abcd. ") and count(opened.text) + count(opened.question) <= 400
     with pytest.raises(bench.BenchError, match="found a corpus without sentences"):
         bench.haystack("no", count, 400, 0.5, seed=1)
     assert bench.find_subsequence([5, 1, 2, 3, 1, 2], [1, 2]) == 1
