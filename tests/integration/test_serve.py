@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -575,8 +576,11 @@ def test_bench_measures_the_verified_group_offline_and_writes_its_tables_and_plo
     missing = run_playbook(tmp_path / "compare-missing", BENCH_COMPARE, extravars={"first": str(run_dir)})
     assert missing.status == "failed" and "second: found nothing, which holds no llama-benchy.json" in \
         " ".join(output(missing).split())
+    kept = os.path.join(ARTIFACTS, "bench-lab-quick")  # the run's tables and plots, kept with the test's artifacts
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(run_dir, kept, ignore=shutil.ignore_patterns("corpus.txt", "tokenizer", ".progress.json"))
     figure(f"bench.yml, quick grid (8 tests) and the needle at 2 lengths: {seconds:.0f} s; decode c1 "
-           f"{raw['benchmarks'][0]['tg_throughput']['mean']:.1f} tok/s; plots {run_dir}")
+           f"{raw['benchmarks'][0]['tg_throughput']['mean']:.1f} tok/s; tables and plots: {kept}")
 
     # validate.yml: the headline figures beside a headline file of the test's own - the pool the verification
     # found against the planned one, and the NCCL figures, which the lab (no GPU, so no probe) cannot measure.
