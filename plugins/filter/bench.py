@@ -31,34 +31,30 @@ def bench_needle(profile):
         raise AnsibleFilterError(err.line()) from None
 
 
-def bench_published(figures, profile_name, source="the published figures file"):
-    """The published points for a profile (a mapping of profile name to its points), checked."""
+def _profile_figures(figures, profile_name, source, problems_of, expected, key):
+    """The entries of a figures file (a mapping of profile name to a list) for a profile, checked."""
     if not isinstance(figures, dict):
         raise AnsibleFilterError(BenchError(f"a {type(figures).__name__} in {source}",
-                                            "a mapping of profile name to a list of points",
-                                            "correct the file", key="bench_published_file").line())
+                                            "a mapping of profile name to a list", "correct the file",
+                                            key=key).line())
     points = figures.get(profile_name) or []
-    problems = published_problems(points)
+    problems = problems_of(points)
     if problems:
-        raise AnsibleFilterError(BenchError(f"{'; '.join(problems)} for {profile_name} in {source}",
-                                            "points with metric (decode, prefill or ttft), value and source",
-                                            "correct the file", key="bench_published_file").line())
+        raise AnsibleFilterError(BenchError(f"{'; '.join(problems)} for {profile_name} in {source}", expected,
+                                            "correct the file", key=key).line())
     return points
+
+
+def bench_published(figures, profile_name, source="the published figures file"):
+    """The published points for a profile (a mapping of profile name to its points), checked."""
+    return _profile_figures(figures, profile_name, source, published_problems,
+                            "points with metric (decode, prefill or ttft), value and source", "bench_published_file")
 
 
 def bench_headline(figures, profile_name, source="the headline figures file"):
     """The published headline figures for a profile (a mapping of profile name to its figures), checked."""
-    if not isinstance(figures, dict):
-        raise AnsibleFilterError(BenchError(f"a {type(figures).__name__} in {source}",
-                                            "a mapping of profile name to a list of figures",
-                                            "correct the file", key="bench_headline_file").line())
-    points = figures.get(profile_name) or []
-    problems = headline_problems(points)
-    if problems:
-        raise AnsibleFilterError(BenchError(f"{'; '.join(problems)} for {profile_name} in {source}",
-                                            "figures with figure, value and source", "correct the file",
-                                            key="bench_headline_file").line())
-    return points
+    return _profile_figures(figures, profile_name, source, headline_problems,
+                            "figures with figure, value and source", "bench_headline_file")
 
 
 class FilterModule:

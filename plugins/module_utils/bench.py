@@ -251,12 +251,7 @@ def published_problems(points: Any) -> list[str]:
             continue
         if point.get("metric") not in METRICS:
             problems.append(f"point {index + 1}: metric={point.get('metric')!r} (one of {', '.join(METRICS)})")
-        value = point.get("value")
-        if not (_is_number(value) or (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
-                                      and value[0] <= value[1])):
-            problems.append(f"point {index + 1}: value={value!r} (a number, or [low, high])")
-        if not isinstance(point.get("source"), str) or not point["source"].strip():
-            problems.append(f"point {index + 1}: no source (who published it, where)")
+        problems += _value_and_source(point, f"point {index + 1}")
         for key in PUBLISHED_FIELDS:
             if key in point and not (isinstance(point[key], int) and not isinstance(point[key], bool)):
                 problems.append(f"point {index + 1}: {key}={point[key]!r} (a whole number)")
@@ -265,6 +260,18 @@ def published_problems(points: Any) -> list[str]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _value_and_source(point: Mapping, name: str) -> list[str]:
+    """What is wrong with a published point's or figure's value (a number, or [low, high]) and its source."""
+    problems = []
+    value = point.get("value")
+    if not (_is_number(value) or (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
+                                  and value[0] <= value[1])):
+        problems.append(f"{name}: value={value!r} (a number, or [low, high])")
+    if not isinstance(point.get("source"), str) or not point["source"].strip():
+        problems.append(f"{name}: no source (who published it, where)")
+    return problems
 
 
 def _matches(point: Mapping, row: Row) -> bool:
@@ -341,12 +348,7 @@ def headline_problems(points: Any) -> list[str]:
         if not isinstance(point, Mapping) or point.get("figure") not in HEADLINE:
             problems.append(f"figure {index + 1}: {point!r} (figure one of {', '.join(HEADLINE)})")
             continue
-        value = point.get("value")
-        if not (_is_number(value) or (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
-                                      and value[0] <= value[1])):
-            problems.append(f"figure {index + 1}: value={value!r} (a number, or [low, high])")
-        if not isinstance(point.get("source"), str) or not point["source"].strip():
-            problems.append(f"figure {index + 1}: no source")
+        problems += _value_and_source(point, f"figure {index + 1}")
         if point["figure"] == "allreduce_us" and not isinstance(point.get("size_bytes"), int):
             problems.append(f"figure {index + 1}: an all-reduce latency without size_bytes")
     return problems
