@@ -305,7 +305,8 @@ def comparison(found: list[Row], points: list[Mapping]) -> list[dict]:
         middle = (low + high) / 2
         matched = [row for row in found if _matches(point, row) and row.value(point["metric"])]
         base = {"point": _describe_point(point), "published": _number_text(low) if low == high else
-                f"{_number_text(low)}-{_number_text(high)}", "source": point["source"].strip(),
+                f"{_number_text(low)}-{_number_text(high)}", "low": low, "high": high,
+                "source": point["source"].strip(),
                 "note": point.get("note", "")}
         if not matched:
             compared.append(dict(base, test="", measured=None, ratio=None, within=None))
@@ -316,14 +317,21 @@ def comparison(found: list[Row], points: list[Mapping]) -> list[dict]:
     return compared
 
 
+def _ratio_text(item: Mapping) -> str:
+    """The ratio cell: measured over the published value; against a range, also where the measurement falls."""
+    ratio = f"{item['ratio']:.2f}x" if item["ratio"] is not None else ""
+    if item["low"] == item["high"]:
+        return ratio
+    where = ("within" if item["within"] else "below" if item["measured"] < item["low"] else "above")
+    return f"{ratio} ({where} the range)".strip()
+
+
 def comparison_table(compared: list[dict]) -> str:
     def line(item: dict) -> list[str]:
         if item["measured"] is None:
             return [item["point"], "", item["published"], "not measured by this grid", item["source"]]
-        ratio = f"{item['ratio']:.2f}x" if item["ratio"] is not None else ""
-        within = " (within the range)" if item["within"] and "-" in item["published"] else ""
         return [f"{item['point']} ({item['test']})", _number_text(item["measured"]), item["published"],
-                ratio + within, item["source"]]
+                _ratio_text(item), item["source"]]
     return table(["published point (this run's test)", "measured", "published", "ratio", "source"],
                  (line(item) for item in compared), right=(1, 2, 3))
 
@@ -404,7 +412,7 @@ def headline(found: dict, points: list[Mapping]) -> list[dict]:
         else:
             why = found["missing"].get(figure, "")
         line = {"figure": what, "published": published, "source": point["source"].strip(), "measured": measured,
-                "ratio": None, "within": None, "why": why}
+                "ratio": None, "within": None, "why": why, "low": low, "high": high}
         if measured is not None:
             middle = (low + high) / 2
             line.update(ratio=measured / middle if middle else None, within=low <= measured <= high)
@@ -416,9 +424,8 @@ def headline_table(lines: list[dict]) -> str:
     def cells(line: dict) -> list[str]:
         if line["measured"] is None:
             return [line["figure"], "", line["published"], f"not measured: {line['why']}", line["source"]]
-        within = " (within the range)" if line["within"] and "-" in line["published"] else ""
-        return [line["figure"], _number_text(line["measured"]), line["published"],
-                (f"{line['ratio']:.2f}x" if line["ratio"] is not None else "") + within, line["source"]]
+        return [line["figure"], _number_text(line["measured"]), line["published"], _ratio_text(line),
+                line["source"]]
     return table(["figure", "measured", "published", "ratio", "source"], (cells(line) for line in lines),
                  right=(1, 2, 3))
 

@@ -160,6 +160,11 @@ def test_each_published_point_meets_the_tests_that_measured_it():
     text = bench.comparison_table(compared)
     assert "| decode pp2048 d0 c1 (tg128 after pp2048) | 22.00 | 22.67 | 0.97x | a |" in text
     assert "(within the range)" in text and "| prefill c4 |  | 591.2 | not measured by this grid | c |" in text
+    low, high = ({"metric": "prefill", "value": [710, 800], "depth": 0, "source": "d"},
+                 {"metric": "prefill", "value": [600, 650], "depth": 0, "source": "e"})
+    text = bench.comparison_table(bench.comparison(found, [low, high]))
+    assert "| 700.0 | 710.0-800.0 | 0.93x (below the range) | d |" in text
+    assert "| 700.0 | 600.0-650.0 | 1.12x (above the range) | e |" in text
 
 
 def test_the_shipped_published_figures_are_well_formed_and_name_their_source():
