@@ -132,8 +132,11 @@ def log_in_start_a_rank_and_log_out(lab, node, name):
     process left inside the session's scope (setsid, nohup) keeps the session "closing" until it exits, and logind
     removes nothing before that, RemoveIPC=yes or not."""
     user, ssh = admin_ssh(lab, node)
-    # No earlier session of the admin: Ansible's connection persists 60 s after its last task (ansible.cfg's
-    # ControlPersist), and logind keeps the user 10 s more (UserStopDelaySec).
+    # No earlier session of the admin: Ansible's connection would persist 60 s after its last task (ansible.cfg's
+    # ControlPersist), so its sessions are ended here (its next task opens a new connection); logind keeps the user
+    # 10 s more (UserStopDelaySec). Only sessions end: a holder started before runs in a unit of its own.
+    if logged_in(lab, node, user):
+        on_node(lab, node, "loginctl", "terminate-user", user, check=False)
     wait_for_logout(lab, node, user, 90, "the admin's earlier sessions (Ansible's) to end")
     unit = f"{name}.service"
     script = (f"echo session=$XDG_SESSION_ID; "
