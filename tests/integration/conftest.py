@@ -212,7 +212,7 @@ LAST_USER = {}
 # so it starts at once); then the modules without a lab; on the second lab, while its nodes are fresh, the lab
 # playbook's checks and the preflight refusals, then the weights stage, then the lab growing to 3 nodes (it
 # re-plans that lab); then the fabric topologies' labs. Within a module pytest's own order is kept.
-MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_kv_pool", "test_tp_padding",
+MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_router", "test_kv_pool", "test_tp_padding",
                 "test_collection_build",
                 "test_gb10_rank", "test_lab", "test_bad_inventory", "test_bad_inputs", "test_weights", "test_lab_grow",
                 "test_fabric", "test_node", "test_container_runtime", "test_tp3")
