@@ -18,11 +18,12 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEMBERS = os.path.join(ROOT, "roles/router/files/sparkfleet-fleet-members")
 GROUP = os.path.join(ROOT, "roles/vllm_service/files/sparkfleet-group")
-REQUIREMENTS = os.path.join(ROOT, "roles/router/files/requirements.txt")
+DEFAULTS = os.path.join(ROOT, "roles/router/defaults/main.yml")  # router_requirements: what the role installs
 # The agent imports the collection's module_utils from the directory holding ansible_collections/, as on a node.
 ENV = dict(os.environ, SPARKFLEET_PYTHONPATH=os.path.join(ROOT, "collections"))
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -59,9 +60,10 @@ def free_port():
 
 @pytest.fixture(scope="session")
 def vllm_router():
-    """The vllm-router command of a venv holding roles/router/files/requirements.txt, made once and reused."""
-    with open(REQUIREMENTS, "rb") as handle:
-        digest = hashlib.sha256(handle.read()).hexdigest()[:12]
+    """The vllm-router command of a venv holding the router role's router_requirements, made once and reused."""
+    with open(DEFAULTS, encoding="utf-8") as handle:
+        requirements = yaml.safe_load(handle)["router_requirements"]
+    digest = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
     venv = os.path.expanduser(f"~/.cache/sparkfleet/venvs/router-{digest}")
     command = os.path.join(venv, "bin", "vllm-router")
     os.makedirs(os.path.dirname(venv), exist_ok=True)
@@ -71,7 +73,7 @@ def vllm_router():
             shutil.rmtree(venv, ignore_errors=True)
             for argv in ([sys.executable, "-m", "venv", venv],
                          [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
-                          "--disable-pip-version-check", "-r", REQUIREMENTS]):
+                          "--disable-pip-version-check", *requirements]):
                 proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
                 assert proc.returncode == 0, f"{' '.join(argv[:4])}: {(proc.stderr or proc.stdout)[-1500:]}"
             open(os.path.join(venv, ".installed"), "w").close()
@@ -156,7 +158,8 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
             status_file, hold = tmp_path / "members.json", tmp_path / "hold"
             hold.mkdir()
             config = tmp_path / "members.json.config"
-            config.write_text(json.dumps({"router": router, "groups": groups, "hold_dir": str(hold),
+            listing = [{"name": name, **group} for name, group in groups.items()]
+            config.write_text(json.dumps({"router": router, "groups": listing, "hold_dir": str(hold),
                                           "status_file": str(status_file), "textfile": str(tmp_path / "fleet.prom"),
                                           "http_timeout": 2}))
 
@@ -214,6 +217,7 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
             procs.end(router_proc)
             proc, status = members_once()
             assert proc.returncode == 1 and status["router_ok"] is False
+            assert status["groups"]["a"]["why"] == "its head is gave-up (epoch 11); the router does not answer"
             assert "does not answer /list_workers" in proc.stdout
             assert "sparkfleet_fleet_router_up 0" in (tmp_path / "fleet.prom").read_text()
         finally:
@@ -222,9 +226,9 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
 
 def test_a_bad_configuration_is_refused_in_one_line(tmp_path):
     config = tmp_path / "members.json"
-    config.write_text(json.dumps({"router": "http://127.0.0.1:1", "groups": {"a": {"worker": "http://x"}}}))
+    config.write_text(json.dumps({"router": "http://127.0.0.1:1", "groups": [{"name": "a", "worker": "http://x"}]}))
     proc = subprocess.run([sys.executable, MEMBERS, "--config", str(config), "--once"], capture_output=True,
                           text=True, timeout=60, check=False, env=ENV)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"sparkfleet-fleet-members: cannot read {config}: group a: needs worker and "
-                                   "state (URLs)")
+    assert proc.stderr.strip() == (f"sparkfleet-fleet-members: cannot read {config}: groups[0]: needs name, "
+                                   "worker and state (strings)")
