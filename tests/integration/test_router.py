@@ -183,13 +183,13 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
             assert status["groups"]["b"] == {"url": groups["b"]["worker"], "member": False, "phase": "verifying",
                                              "epoch": 21, "why": "its head is verifying (epoch 21)"}
             assert "group a serves: verified (epoch 11)" in proc.stdout
-            assert {ask(router) for _ in range(6)} == {"a"}
+            assert {ask(router) for attempt in range(6)} == {"a"}
 
             # b verified: both serve, in turn
             publish("b", "ready", 21)
             assert members_once()[0].returncode == 0
             assert listed() == sorted(group["worker"] for group in groups.values())
-            answers = [ask(router) for _ in range(6)]
+            answers = [ask(router) for attempt in range(6)]
             assert sorted(set(answers)) == ["a", "b"], answers
             assert 'sparkfleet_fleet_member{group="b"} 1' in (tmp_path / "fleet.prom").read_text()
 
@@ -197,7 +197,7 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
             (hold / "a").touch()
             proc, status = members_once()
             assert listed() == [groups["b"]["worker"]] and status["groups"]["a"]["why"] == "held out by a fleet upgrade"
-            assert {ask(router) for _ in range(6)} == {"b"}
+            assert {ask(router) for attempt in range(6)} == {"b"}
 
             # a released; b's agent stops answering (its node went away): a back, b out
             (hold / "a").unlink()
@@ -205,7 +205,7 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
             proc, status = members_once()
             assert listed() == [groups["a"]["worker"]], proc.stdout
             assert status["groups"]["b"]["why"] == "its head's group agent did not answer"
-            assert {ask(router) for _ in range(4)} == {"a"}
+            assert {ask(router) for attempt in range(4)} == {"a"}
 
             # a's start failed its verification (the group gave up): no group serves, the router says so
             publish("a", "gave-up", 11)
