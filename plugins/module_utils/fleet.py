@@ -12,7 +12,8 @@ the groups) and the membership agent on the router host (which group the router 
   keys (the router passes the client's key through to every group), a router no group lets in, a router port a
   group's node already uses.
 * `membership` - the router's worker list from each head's own state: a group is a member exactly when its head
-  says its current start was verified (the group agent's phase ``ready``) and no fleet upgrade holds it out.
+  says its current start was verified (the group agent's phase ``ready``) and no fleet upgrade holds it out; no
+  other URL stays on the router.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ansible_collections.sparkfleet.cluster.plugins.module_utils import errors
 
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # The per-node facts each group reports (the fleet's describe step), by key.
-NODE_KEYS = ("host", "address", "fabric_address", "rank", "head", "api_port", "state_port", "master_port",
+NODE_KEYS = ("host", "address", "fabric_address", "rank", "head", "api_port", "state_port", "master_port", "ports",
              "model", "api_key_sha256", "fabric_subnets", "router_addresses")
 # The phase the head's group agent publishes once the current start's verification passed.
 VERIFIED_PHASE = "ready"
@@ -64,6 +65,13 @@ def check_groups_spec(groups: Any, base: str = "sparkfleet_fleet_groups") -> lis
     return problems
 
 
+def _port(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -91,7 +99,8 @@ def check_fleet(groups: Mapping[str, list[Mapping[str, Any]]], router: Mapping[s
     """The problems of the fleet as a whole, one line each (the groups' own preflights check each group).
 
     `groups` maps a group's name to its nodes' facts (NODE_KEYS); `router` holds the router host's inventory name,
-    its address and the ports it listens on (`port`, `metrics_port`)."""
+    its address and the ports it listens on (`port`, `metrics_port`). Addresses are compared as given: the caller
+    reports every management address as the IPv4 address the node is reached on, never a name."""
     problems: list[str] = []
     owner: dict[str, str] = {}  # a management address -> the group holding it
     fabric: dict[str, str] = {}
@@ -128,6 +137,13 @@ def check_fleet(groups: Mapping[str, list[Mapping[str, Any]]], router: Mapping[s
                                             "answer for each other's addresses)", "give each group its own "
                                             "sparkfleet_fabric_supernet", "sparkfleet_fabric_subnets", f"group {name}"))
             subnets.setdefault(subnet, name)
+    for subnet, name in subnets.items():
+        inside = sorted(address for address in [*owner, str(router.get("address"))] if _allowed(address, [subnet]))
+        if inside:
+            problems.append(errors.line(f"{subnet}, holding the management address(es) {', '.join(inside)}",
+                                        "fabric subnets apart from every management address and the router's "
+                                        "(else that traffic would take the fabric)", "give the group another "
+                                        "sparkfleet_fabric_supernet", "sparkfleet_fabric_subnets", f"group {name}"))
     problems += _check_same(heads, "model", "sparkfleet_model_profile",
                             "the router sends any request to any group: every group serves the same model under "
                             "the same name", "serve one profile in every group, or run one fleet per model")
@@ -157,18 +173,19 @@ def _check_router(groups: Mapping[str, list[Mapping[str, Any]]], heads: Mapping[
     where = f"router {router.get('host')}"
     address = str(router.get("address"))
     ports = {key: router.get(key) for key in ("port", "metrics_port")}
-    if ports["port"] == ports["metrics_port"]:
+    if _port(ports["port"]) == _port(ports["metrics_port"]):
         problems.append(errors.line(f"{ports['port']}, router_port's too", "two ports", "set router_metrics_port "
                                     "to another port", "router_metrics_port", where))
     home = owner.get(address)
     if home:  # the router runs on a node of a group: its ports must be free there
         node = next(node for node in groups[home] if str(node.get("address")) == address)
-        taken = {node.get(key): key for key in ("api_port", "state_port", "master_port") if node.get(key)}
+        taken = {_port(port): "service ports" for port in node.get("ports") or ()}
+        taken.update({_port(node.get(key)): key for key in ("api_port", "state_port", "master_port")})
         for key, port in ports.items():
-            if port in taken:
-                problems.append(errors.line(f"{port}, the group's {taken[port]} on this node", "a port the node's "
-                                            "rank does not use", f"set router_{key} to a free port", f"router_{key}",
-                                            where))
+            if _port(port) in taken and _port(port) is not None:
+                problems.append(errors.line(f"{port}, the group's {taken[_port(port)]} on this node",
+                                            "a port the node's rank does not use", f"set router_{key} to a free port",
+                                            f"router_{key}", where))
     for name, head in heads.items():
         if home == name:
             continue  # a node of the group: the group's firewall lets its own nodes in
@@ -181,13 +198,14 @@ def _check_router(groups: Mapping[str, list[Mapping[str, Any]]], heads: Mapping[
     return problems
 
 
-def membership(states: Mapping[str, Mapping[str, Any] | None], held: Iterable[str], current: Iterable[str],
+def membership(states: Mapping[str, Any], held: Iterable[str], current: Iterable[str],
                urls: Mapping[str, str]) -> tuple[list[str], list[str], dict[str, str]]:
     """What the router's worker list must become: (URLs to add, URLs to remove, each group's reason).
 
-    `states` is each group's head state (the group agent's GET /state; None when it did not answer), `held` the
-    groups a fleet upgrade holds out, `current` the router's worker URLs, `urls` each group's worker URL. A URL
-    of the router's that belongs to no group is left alone (an operator's own)."""
+    `states` is each group's head state (the group agent's GET /state; None, or anything but a mapping, when it
+    did not answer), `held` the groups a fleet upgrade holds out, `current` the router's worker URLs, `urls` each
+    group's worker URL. The fleet owns the router: a URL of the router's that is no group's (a group since
+    dropped, a worker someone added through the router's open /add_worker) is removed too."""
     current = set(current)
     held = set(held)
     add, remove, why = [], [], {}
@@ -195,7 +213,7 @@ def membership(states: Mapping[str, Mapping[str, Any] | None], held: Iterable[st
         url, state = urls[name], states.get(name)
         if name in held:
             member, why[name] = False, "held out by a fleet upgrade"
-        elif state is None:
+        elif not isinstance(state, Mapping):
             member, why[name] = False, "its head's group agent did not answer"
         elif state.get("phase") != VERIFIED_PHASE:
             member, why[name] = False, f"its head is {state.get('phase')} (epoch {state.get('epoch')})"
@@ -205,4 +223,5 @@ def membership(states: Mapping[str, Mapping[str, Any] | None], held: Iterable[st
             add.append(url)
         elif not member and url in current:
             remove.append(url)
+    remove += sorted(current - set(urls.values()))
     return add, remove, why

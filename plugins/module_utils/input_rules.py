@@ -356,7 +356,36 @@ RULES: Mapping[str, Rule] = {
     "monitoring_textfile_dir": ABSOLUTE_PATH,
     "monitoring_collector_interval": SYSTEMD_SPAN,
     "monitoring_grafana_url": matching(r"(https?://[^\s/]+(/\S*)?)?", "an http(s):// URL of a Grafana, or empty"),
+    # router
+    "router_groups": Rule("a list of {name, worker, state}: each name once (1-32 of a-z, 0-9, _ and -), each worker "
+                          "once, worker and state http:// URLs", lambda value, _: _router_groups(value)),
+    "router_listen_address": LISTEN_ADDRESS,
+    "router_port": PORT,
+    "router_metrics_port": PORT,
+    "router_allowed_sources": each(IPV4_SOURCE),
+    "router_health_check_interval": between(1, 3600, "seconds"),
+    "router_health_failure_threshold": between(1, 100),
+    "router_health_success_threshold": between(1, 100),
+    "router_members_poll": between(0.2, 60, "seconds"),
+    "router_venv": ABSOLUTE_PATH,
 }
+
+
+_ROUTER_GROUP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_HTTP_URL = re.compile(r"http://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
+
+
+def _router_groups(value: Any) -> bool:
+    """The router role's groups: names and worker URLs each once, every URL a plain http:// one (the agent compares
+    them with what vllm-router lists, character for character)."""
+    if not isinstance(value, list) or not all(isinstance(group, dict) for group in value):
+        return False
+    names = [group.get("name") for group in value]
+    workers = [group.get("worker") for group in value]
+    return (all(isinstance(name, str) and _ROUTER_GROUP_NAME.fullmatch(name) for name in names)
+            and all(isinstance(group.get(key), str) and _HTTP_URL.fullmatch(group[key])
+                    for group in value for key in ("worker", "state"))
+            and len(set(names)) == len(names) and len(set(workers)) == len(workers))
 
 
 def check(key: str, value: Any, context: Context) -> str | None:

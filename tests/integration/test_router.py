@@ -86,8 +86,8 @@ class Processes:
     def __init__(self):
         self.procs = []
 
-    def start(self, argv, log):
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    def start(self, argv, log, env=None):
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.procs.append(proc)
         return proc
 
@@ -133,7 +133,17 @@ def ask(router):
         return f"HTTP {err.code}"
 
 
-def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_router, tmp_path):
+def start_router(procs, log, vllm_router, port):
+    proc = procs.start([vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+                        "--health-check-interval-secs", "1"], log)
+    wait_for(lambda: get(f"http://127.0.0.1:{port}/list_workers")[0] == 200, "the router to answer")
+    return proc
+
+
+@pytest.fixture
+def fleet_scene(vllm_router, tmp_path):
+    """Two groups (a stand-in head API and a real group agent each), a real vllm-router with no worker, and the
+    membership agent's configuration; every process ended by PID afterwards."""
     procs = Processes()
     with open(tmp_path / "processes.log", "w", encoding="utf-8") as log:
         try:
@@ -149,80 +159,122 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(vllm_rou
                 groups[name] = {"worker": f"http://127.0.0.1:{worker_port}",
                                 "state": f"http://127.0.0.1:{agent_port}/state"}
             router_port = free_port()
-            router = f"http://127.0.0.1:{router_port}"
-            router_proc = procs.start([vllm_router, "--host", "127.0.0.1", "--port", str(router_port), "--policy",
-                                       "round_robin", "--health-check-interval-secs", "1"], log)
-            wait_for(lambda: get(f"{router}/list_workers")[0] == 200, "the router to answer")
+            router_proc = start_router(procs, log, vllm_router, router_port)
             for name, group in groups.items():
                 wait_for(lambda url=group["state"]: get(url)[0] == 200, f"group {name}'s agent")
             status_file, hold = tmp_path / "members.json", tmp_path / "hold"
             hold.mkdir()
             config = tmp_path / "members.json.config"
             listing = [{"name": name, **group} for name, group in groups.items()]
-            config.write_text(json.dumps({"router": router, "groups": listing, "hold_dir": str(hold),
-                                          "status_file": str(status_file), "textfile": str(tmp_path / "fleet.prom"),
-                                          "http_timeout": 2}))
-
-            def members_once():
-                proc = subprocess.run([sys.executable, MEMBERS, "--config", str(config), "--once"], capture_output=True,
-                                      text=True, timeout=60, check=False, env=ENV)
-                return proc, json.loads(status_file.read_text())
-
-            def listed():
-                return sorted(json.loads(get(f"{router}/list_workers")[1])["urls"])
-
-            def publish(name, phase, epoch):
-                agents[name][1].write_text(json.dumps({"phase": phase, "epoch": epoch}))
-
-            # a verified, b still verifying its start: only a serves
-            publish("a", "ready", 11)
-            publish("b", "verifying", 21)
-            proc, status = members_once()
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            assert listed() == [groups["a"]["worker"]]
-            assert status["groups"]["b"] == {"url": groups["b"]["worker"], "member": False, "phase": "verifying",
-                                             "epoch": 21, "why": "its head is verifying (epoch 21)"}
-            assert "group a serves: verified (epoch 11)" in proc.stdout
-            assert {ask(router) for attempt in range(6)} == {"a"}
-
-            # b verified: both serve, in turn
-            publish("b", "ready", 21)
-            assert members_once()[0].returncode == 0
-            assert listed() == sorted(group["worker"] for group in groups.values())
-            answers = [ask(router) for attempt in range(6)]
-            assert sorted(set(answers)) == ["a", "b"], answers
-            assert 'sparkfleet_fleet_member{group="b"} 1' in (tmp_path / "fleet.prom").read_text()
-
-            # a fleet upgrade holds a out: it leaves at once, b takes every request
-            (hold / "a").touch()
-            proc, status = members_once()
-            assert listed() == [groups["b"]["worker"]] and status["groups"]["a"]["why"] == "held out by a fleet upgrade"
-            assert {ask(router) for attempt in range(6)} == {"b"}
-
-            # a released; b's agent stops answering (its node went away): a back, b out
-            (hold / "a").unlink()
-            procs.end(agents["b"][0])
-            proc, status = members_once()
-            assert listed() == [groups["a"]["worker"]], proc.stdout
-            assert status["groups"]["b"]["why"] == "its head's group agent did not answer"
-            assert {ask(router) for attempt in range(4)} == {"a"}
-
-            # a's start failed its verification (the group gave up): no group serves, the router says so
-            publish("a", "gave-up", 11)
-            members_once()
-            assert listed() == []
-            assert ask(router) == "HTTP 503"
-
-            # the router gone: nothing can be changed, and the agent says so (exit 1, router_ok false)
-            procs.end(router_proc)
-            proc, status = members_once()
-            assert proc.returncode == 1 and status["router_ok"] is False
-            assert status["groups"]["a"]["why"] == "its head is gave-up (epoch 11); the router does not answer"
-            assert "does not answer /list_workers" in proc.stdout
-            assert "sparkfleet_fleet_router_up 0" in (tmp_path / "fleet.prom").read_text()
+            config.write_text(json.dumps({"router": f"http://127.0.0.1:{router_port}", "groups": listing,
+                                          "hold_dir": str(hold), "status_file": str(status_file),
+                                          "textfile": str(tmp_path / "fleet.prom"), "http_timeout": 2,
+                                          "poll": 0.3}))
+            yield {"procs": procs, "log": log, "groups": groups, "agents": agents, "router_port": router_port,
+                   "router": f"http://127.0.0.1:{router_port}", "router_proc": router_proc, "config": config,
+                   "status_file": status_file, "hold": hold}
         finally:
             procs.end_all()
 
+
+def test_the_router_sends_requests_only_to_verified_groups_not_held_out(fleet_scene, tmp_path):
+    scene = fleet_scene
+    procs, groups, agents, router = scene["procs"], scene["groups"], scene["agents"], scene["router"]
+    router_proc, config, status_file, hold = (scene["router_proc"], scene["config"], scene["status_file"],
+                                              scene["hold"])
+    def members_once():
+        proc = subprocess.run([sys.executable, MEMBERS, "--config", str(config), "--once"], capture_output=True,
+                              text=True, timeout=60, check=False, env=ENV)
+        return proc, json.loads(status_file.read_text())
+
+    def listed():
+        return sorted(json.loads(get(f"{router}/list_workers")[1])["urls"])
+
+    def publish(name, phase, epoch):
+        agents[name][1].write_text(json.dumps({"phase": phase, "epoch": epoch}))
+
+    # a verified, b still verifying its start: only a serves
+    publish("a", "ready", 11)
+    publish("b", "verifying", 21)
+    proc, status = members_once()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert listed() == [groups["a"]["worker"]]
+    assert status["groups"]["b"] == {"url": groups["b"]["worker"], "member": False, "phase": "verifying",
+                                     "epoch": 21, "why": "its head is verifying (epoch 21)"}
+    assert "group a serves: verified (epoch 11)" in proc.stdout
+    assert {ask(router) for attempt in range(6)} == {"a"}
+
+    # b verified: both serve, in turn
+    publish("b", "ready", 21)
+    assert members_once()[0].returncode == 0
+    assert listed() == sorted(group["worker"] for group in groups.values())
+    answers = [ask(router) for attempt in range(6)]
+    assert sorted(set(answers)) == ["a", "b"], answers
+    assert 'sparkfleet_fleet_member{group="b"} 1' in (tmp_path / "fleet.prom").read_text()
+
+    # a fleet upgrade holds a out: it leaves at once, b takes every request
+    (hold / "a").touch()
+    proc, status = members_once()
+    assert listed() == [groups["b"]["worker"]] and status["groups"]["a"]["why"] == "held out by a fleet upgrade"
+    assert {ask(router) for attempt in range(6)} == {"b"}
+
+    # a released; b's agent stops answering (its node went away): a back, b out
+    (hold / "a").unlink()
+    procs.end(agents["b"][0])
+    proc, status = members_once()
+    assert listed() == [groups["a"]["worker"]], proc.stdout
+    assert status["groups"]["b"]["why"] == "its head's group agent did not answer"
+    assert {ask(router) for attempt in range(4)} == {"a"}
+
+    # a's start failed its verification (the group gave up): no group serves, the router says so
+    publish("a", "gave-up", 11)
+    members_once()
+    assert listed() == []
+    assert ask(router) == "HTTP 503"
+
+    # the router gone: nothing can be changed, and the agent says so (exit 1, router_ok false)
+    procs.end(router_proc)
+    proc, status = members_once()
+    assert proc.returncode == 1 and status["router_ok"] is False
+    assert status["groups"]["a"]["why"] == "its head is gave-up (epoch 11); the router does not answer"
+    assert "does not answer /list_workers" in proc.stdout
+    assert "sparkfleet_fleet_router_up 0" in (tmp_path / "fleet.prom").read_text()
+
+
+
+def test_the_running_agent_keeps_the_router_to_the_fleet_through_strangers_and_a_router_restart(fleet_scene,
+                                                                                                vllm_router):
+    """The agent as its unit runs it (a loop every 0.3 s): a worker someone adds through the router's open
+    /add_worker is taken away; a router restarted empty gets the verified groups back; a group whose head
+    stops being ready leaves within a round or two."""
+    scene = fleet_scene
+    router, groups = scene["router"], scene["groups"]
+    for name in ("a", "b"):
+        scene["agents"][name][1].write_text(json.dumps({"phase": "ready", "epoch": 5}))
+
+    def listed():
+        found = get(f"{router}/list_workers")
+        return sorted(json.loads(found[1])["urls"]) if found[0] == 200 else None
+
+    both = sorted(group["worker"] for group in groups.values())
+    agent = scene["procs"].start([sys.executable, MEMBERS, "--config", str(scene["config"])], scene["log"], ENV)
+    wait_for(lambda: listed() == both, "the agent to add both verified groups", limit=20)
+    port = free_port()  # a worker of no group, added by someone who reached the router's port
+    stranger = f"http://127.0.0.1:{port}"
+    scene["procs"].start([sys.executable, "-c", WORKER, "stranger", str(port)], scene["log"])
+    wait_for(lambda: get(f"{stranger}/health")[0] == 200, "the stranger to answer")
+    request = urllib.request.Request(f"{router}/add_worker?url={stranger}", data=b"", method="POST")
+    with DIRECT.open(request, timeout=20) as response:
+        assert response.status == 200
+    wait_for(lambda: listed() == both, "the agent to take the stranger away", limit=10)
+    assert "stranger" not in {ask(router) for attempt in range(4)}
+    scene["procs"].end(scene["router_proc"])
+    start_router(scene["procs"], scene["log"], vllm_router, scene["router_port"])
+    wait_for(lambda: listed() == both, "the agent to give the restarted router both groups again", limit=20)
+    scene["agents"]["b"][1].write_text(json.dumps({"phase": "forming", "epoch": 6}))
+    wait_for(lambda: listed() == [groups["a"]["worker"]], "group b to leave once its head is forming", limit=10)
+    assert agent.poll() is None  # still running
+    assert stranger not in json.dumps(json.loads(scene["status_file"].read_text()))
 
 def test_a_bad_configuration_is_refused_in_one_line(tmp_path):
     config = tmp_path / "members.json"

@@ -119,8 +119,9 @@ URLS = {"a": "http://192.168.50.10:8888", "b": "http://192.168.50.20:8888"}
 
 def test_only_verified_groups_not_held_out_are_members():
     states = {"a": {"phase": "ready", "epoch": 7}, "b": {"phase": "verifying", "epoch": 9}}
-    add, remove, why = fleet.membership(states, held=[], current=[URLS["b"], "http://operator:1"], urls=URLS)
-    assert (add, remove) == ([URLS["a"]], [URLS["b"]])  # the operator's own worker is left alone
+    add, remove, why = fleet.membership(states, held=[], current=[URLS["b"], "http://elsewhere:1"], urls=URLS)
+    # a worker no group owns (added through the router's open /add_worker, or a group since dropped) goes too
+    assert (add, remove) == ([URLS["a"]], [URLS["b"], "http://elsewhere:1"])
     assert why == {"a": "verified (epoch 7)", "b": "its head is verifying (epoch 9)"}
 
 
@@ -134,3 +135,36 @@ def test_a_held_group_leaves_and_a_silent_head_is_no_member():
 def test_nothing_changes_when_the_router_already_agrees():
     states = {"a": {"phase": "ready", "epoch": 7}, "b": {"phase": "gave-up", "epoch": 3}}
     assert fleet.membership(states, held=[], current=[URLS["a"]], urls=URLS)[:2] == ([], [])
+
+
+@pytest.mark.parametrize("state", [[], "ready", 7, {"phase": ["ready"]}])
+def test_a_head_state_that_is_not_a_mapping_is_no_answer(state):
+    add, remove, why = fleet.membership({"a": state, "b": None}, held=[], current=[URLS["a"]], urls=URLS)
+    assert (add, remove) == ([], [URLS["a"]])
+    if not isinstance(state, dict):
+        assert why["a"] == "its head's group agent did not answer"
+
+
+def test_router_ports_are_compared_as_numbers_with_every_port_the_node_uses():
+    groups = two_groups()
+    groups["a"][0]["ports"] = [29531, 873, 9090, 9100]
+    for member in groups["b"]:
+        member["router_addresses"] = ["192.168.50.10"]
+    router = dict(ROUTER, host="a0", address="192.168.50.10", port="9100", metrics_port="8888")
+    assert fleet.check_fleet(groups, router) == [
+        "router a0: router_port: found 9100, the group's service ports on this node; expected a port the node's rank "
+        "does not use; fix: set router_port to a free port",
+        "router a0: router_metrics_port: found 8888, the group's api_port on this node; expected a port the node's "
+        "rank does not use; fix: set router_metrics_port to a free port"]
+
+
+def test_a_fabric_subnet_holding_a_management_address_or_the_routers_is_refused():
+    groups = two_groups()
+    groups["b"] = [node("b0", "192.168.50.20", "192.168.50.201", 0, "192.168.50.0/24"),
+                   node("b1", "192.168.50.21", "192.168.50.202", 1, "192.168.50.0/24")]
+    problems = fleet.check_fleet(groups, ROUTER)
+    assert problems == [
+        "group b: sparkfleet_fabric_subnets: found 192.168.50.0/24, holding the management address(es) "
+        "192.168.50.10, 192.168.50.11, 192.168.50.20, 192.168.50.21, 192.168.50.5; expected fabric subnets apart "
+        "from every management address and the router's (else that traffic would take the fabric); fix: give the "
+        "group another sparkfleet_fabric_supernet"]

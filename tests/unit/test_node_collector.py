@@ -88,20 +88,27 @@ def test_what_a_service_user_plants_is_not_republished_and_a_gone_source_takes_i
     assert not (tmp_path / "textfiles" / "sparkfleet_verify.prom").exists()
 
 
-def test_the_router_hosts_membership_file_is_republished_from_a_second_directory_beside_the_verification(tmp_path):
+def test_the_router_hosts_membership_file_is_republished_from_its_own_directory_only(tmp_path):
     scene(tmp_path)
     router = tmp_path / "router"
     router.mkdir()
+    fleet = 'sparkfleet_fleet_member{group="a"} 1\nsparkfleet_fleet_router_up 1\n'
     (tmp_path / "service" / "sparkfleet_verify.prom").write_text(VERIFY)
-    (router / "sparkfleet_fleet.prom").write_text('sparkfleet_fleet_member{group="a"} 1\n'
-                                                  'sparkfleet_fleet_router_up 1\n')
-    assert run(tmp_path, "--republish", str(router)).returncode == 0
-    published_files = {p.name for p in (tmp_path / "textfiles").iterdir()}
-    assert {"sparkfleet_verify.prom", "sparkfleet_fleet.prom"} <= published_files  # neither takes the other away
+    (router / "sparkfleet_fleet.prom").write_text(fleet)
+    assert run(tmp_path, "--republish-fleet", str(router)).returncode == 0
+    assert (tmp_path / "textfiles" / "sparkfleet_fleet.prom").read_text() == fleet
+    assert (tmp_path / "textfiles" / "sparkfleet_verify.prom").read_text() == VERIFY  # neither takes the other away
+    # each writer publishes its own file only: the rank's user cannot publish the fleet's, nor the router's a
+    # verification
     (router / "sparkfleet_fleet.prom").unlink()
-    assert run(tmp_path, "--republish", str(router)).returncode == 0
+    (tmp_path / "service" / "sparkfleet_fleet.prom").write_text(fleet)
+    (router / "sparkfleet_verify.prom").write_text(VERIFY.replace("ok 1", "ok 0"))
+    assert run(tmp_path, "--republish-fleet", str(router)).returncode == 0
     assert not (tmp_path / "textfiles" / "sparkfleet_fleet.prom").exists()
     assert (tmp_path / "textfiles" / "sparkfleet_verify.prom").read_text() == VERIFY
+    (tmp_path / "service" / "sparkfleet_verify.prom").unlink()
+    assert run(tmp_path, "--republish-fleet", str(router)).returncode == 0
+    assert not (tmp_path / "textfiles" / "sparkfleet_verify.prom").exists()
 
 
 def test_a_textfile_directory_others_may_write_is_refused(tmp_path):
