@@ -75,18 +75,20 @@ def fabric_netplan(interfaces: list[dict[str, Any]], renderer: str = "networkd")
 
 def fabric_nftables(plan: dict[str, Any], node: str, cluster_sources: list[str], service_ports: list[int],
                     api_port: int | None = None, api_sources: list[str] | None = None,
-                    watch_ports: list[int] | None = None, watch_sources: list[str] | None = None) -> str:
+                    watch_ports: list[int] | None = None, watch_sources: list[str] | None = None,
+                    state_port: int | None = None, router_sources: list[str] | None = None) -> str:
     interfaces = plan.get(node, [])
     try:
         return fabric.nft_ruleset(sorted({i["netdev"] for i in interfaces}),
                                   sorted({i["subnet"] for ifaces in plan.values() for i in ifaces}),
                                   [str(s) for s in cluster_sources], [int(p) for p in service_ports],
                                   int(api_port) if api_port else None, [str(s) for s in api_sources or []],
-                                  [int(p) for p in watch_ports or []], [str(s) for s in watch_sources or []])
+                                  [int(p) for p in watch_ports or []], [str(s) for s in watch_sources or []],
+                                  int(state_port) if state_port else None, [str(s) for s in router_sources or []])
     except ValueError as err:
         _fail(ValueError(f"fabric firewall: {err}; expected IPv4 addresses or networks in "
-                         "sparkfleet_api_allowed_sources and sparkfleet_monitoring_allowed_sources; "
-                         "fix: correct the list"))
+                         "sparkfleet_api_allowed_sources, sparkfleet_monitoring_allowed_sources and "
+                         "sparkfleet_router_addresses; fix: correct the list"))
 
 
 def fabric_problems(plan: dict[str, Any], others: dict[str, list[str]] | None = None,

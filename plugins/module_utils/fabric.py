@@ -468,17 +468,22 @@ def hosts_entries(fabric_plan: dict[str, list[dict[str, Any]]], node: str) -> li
 
 def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: list[str],
                 service_ports: list[int], api_port: int | None, api_sources: list[str],
-                watch_ports: list[int] | None = None, watch_sources: list[str] | None = None) -> str:
+                watch_ports: list[int] | None = None, watch_sources: list[str] | None = None,
+                state_port: int | None = None, router_sources: list[str] | None = None) -> str:
     """The sparkfleet nftables table, replaced atomically when loaded with nft -f.
 
     - On the fabric interfaces only the fabric subnets are accepted (NCCL, Gloo and RDMA-CM traffic).
     - The service ports (rendezvous, rsync daemon) accept only the fabric subnets and the cluster's nodes.
     - The API port accepts only the listed clients and the cluster's nodes; loopback is always accepted.
     - The monitoring ports (Prometheus, the node exporter) accept only the monitor hosts and the listed sources.
+    - The routers of a fleet (router_sources) reach the API port and the group agent's port (state_port, one of
+      the service ports), which otherwise only the cluster reaches.
     Everything else keeps the host's own policy (the chain's policy is accept).
     """
     watch_ports, watch_sources = list(watch_ports or []), list(watch_sources or [])
-    for cidr in [*fabric_subnets, *cluster_sources, *api_sources, *watch_sources]:
+    router_sources = list(router_sources or [])
+    opened = state_port if router_sources and state_port in service_ports else None
+    for cidr in [*fabric_subnets, *cluster_sources, *api_sources, *watch_sources, *router_sources]:
         ipaddress.IPv4Network(cidr, strict=False)  # refuse anything nft would choke on
 
     def elements(cidrs: list[str]) -> str:
@@ -498,7 +503,10 @@ def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: 
     ]
     if api_port:
         lines += ["	set api_clients {", "		type ipv4_addr", "		flags interval",
-                  f"		elements = {{ {elements([*api_sources, *cluster_sources])} }}", "	}"]
+                  f"		elements = {{ {elements([*api_sources, *cluster_sources, *router_sources])} }}", "	}"]
+    if opened:
+        lines += ["	set state_clients {", "		type ipv4_addr", "		flags interval",
+                  f"		elements = {{ {elements([*fabric_subnets, *cluster_sources, *router_sources])} }}", "	}"]
     if watch_ports:
         # an empty set is legal in nft, an empty element list is not
         members = f"		elements = {{ {elements(watch_sources)} }}" if watch_sources else ""
@@ -509,10 +517,14 @@ def nft_ruleset(netdevs: list[str], fabric_subnets: list[str], cluster_sources: 
     if netdevs:
         names = ", ".join(f'"{name}"' for name in netdevs)
         lines.append(f"		iifname {{ {names} }} ip saddr != @fabric_nets counter drop")
-    if service_ports:
-        ports = ", ".join(str(port) for port in sorted(set(service_ports)))
+    closed = sorted(set(service_ports) - {opened})
+    if closed:
+        ports = ", ".join(str(port) for port in closed)
         lines += [f"		tcp dport {{ {ports} }} ip saddr != @cluster_sources counter drop",
                   f"		tcp dport {{ {ports} }} meta nfproto ipv6 counter drop"]
+    if opened:
+        lines += [f"		tcp dport {opened} ip saddr != @state_clients counter drop",
+                  f"		tcp dport {opened} meta nfproto ipv6 counter drop"]
     if api_port:
         lines += [f"		tcp dport {api_port} ip saddr != @api_clients counter drop",
                   f"		tcp dport {api_port} meta nfproto ipv6 counter drop"]

@@ -224,6 +224,7 @@ RULES: Mapping[str, Rule] = {
     "sparkfleet_fabric_subnets": each(IPV4_NETWORK),
     "sparkfleet_api_allowed_sources": each(IPV4_SOURCE),
     "sparkfleet_monitoring_allowed_sources": each(IPV4_SOURCE),
+    "sparkfleet_router_addresses": each(IPV4_SOURCE),
     "sparkfleet_api_key": API_KEY,
     # container_runtime
     "container_runtime_enabled": AUTO_TRUE_FALSE,

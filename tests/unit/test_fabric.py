@@ -359,6 +359,23 @@ def test_the_firewall_table_fences_the_fabric_and_the_service_ports():
         fabric.nft_ruleset([], ["10.100.0.0/24"], [], [873], 8888, ["not-an-address"])
 
 
+def test_a_fleets_router_reaches_the_api_and_the_group_agent_but_no_other_service_port():
+    fenced = fabric.nft_ruleset([], ["10.100.0.0/24"], ["192.168.1.10", "192.168.1.11"], [29501, 873, 29530], 8888,
+                                ["192.168.1.0/24"], state_port=29530)
+    assert "state_clients" not in fenced  # no router: the group agent's port stays with the service ports
+    assert "\t\ttcp dport { 873, 29501, 29530 } ip saddr != @cluster_sources counter drop" in fenced.splitlines()
+    lines = fabric.nft_ruleset([], ["10.100.0.0/24"], ["192.168.1.10", "192.168.1.11"], [29501, 873, 29530], 8888,
+                               ["192.168.1.0/24"], state_port=29530, router_sources=["172.16.0.5"]).splitlines()
+    assert "\t\ttcp dport { 873, 29501 } ip saddr != @cluster_sources counter drop" in lines
+    assert "\t\ttcp dport 29530 ip saddr != @state_clients counter drop" in lines
+    state = lines[lines.index("\tset state_clients {") + 3]
+    assert state == "\t\telements = { 10.100.0.0/24, 172.16.0.5/32, 192.168.1.10/31 }"
+    api = lines[lines.index("\tset api_clients {") + 3]
+    assert "172.16.0.5/32" in api and "192.168.1.0/24" in api
+    with pytest.raises(ValueError):
+        fabric.nft_ruleset([], ["10.100.0.0/24"], [], [29530], 8888, [], state_port=29530, router_sources=["x"])
+
+
 def test_a_pinned_subnet_that_overlaps_a_carved_one_is_refused():
     with pytest.raises(fabric.FabricError, match=r"found 10\.100\.1\.0/24 and 10\.100\.1\.0/24 overlapping"):
         fabric.plan(["a", "b"], "direct", rails=2, pinned={"a": "10.100.1.10", "b": "10.100.1.11"})
