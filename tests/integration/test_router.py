@@ -182,6 +182,7 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(fleet_sc
     procs, groups, agents, router = scene["procs"], scene["groups"], scene["agents"], scene["router"]
     router_proc, config, status_file, hold = (scene["router_proc"], scene["config"], scene["status_file"],
                                               scene["hold"])
+
     def members_once():
         proc = subprocess.run([sys.executable, MEMBERS, "--config", str(config), "--once"], capture_output=True,
                               text=True, timeout=60, check=False, env=ENV)
@@ -241,7 +242,6 @@ def test_the_router_sends_requests_only_to_verified_groups_not_held_out(fleet_sc
     assert "sparkfleet_fleet_router_up 0" in (tmp_path / "fleet.prom").read_text()
 
 
-
 def test_the_running_agent_keeps_the_router_to_the_fleet_through_strangers_and_a_router_restart(fleet_scene,
                                                                                                 vllm_router):
     """The agent as its unit runs it (a loop every 0.3 s): a worker someone adds through the router's open
@@ -275,6 +275,7 @@ def test_the_running_agent_keeps_the_router_to_the_fleet_through_strangers_and_a
     wait_for(lambda: listed() == [groups["a"]["worker"]], "group b to leave once its head is forming", limit=10)
     assert agent.poll() is None  # still running
     assert stranger not in json.dumps(json.loads(scene["status_file"].read_text()))
+
 
 def test_a_bad_configuration_is_refused_in_one_line(tmp_path):
     config = tmp_path / "members.json"
