@@ -22,6 +22,11 @@ def two_groups():
                   node("b1", "192.168.50.21", "10.101.0.2", 1, "10.101.0.0/24")]}
 
 
+def group_b(fabric0, fabric1, subnet):
+    """Group b's two nodes on the fabric addresses and subnet given."""
+    return [node("b0", "192.168.50.20", fabric0, 0, subnet), node("b1", "192.168.50.21", fabric1, 1, subnet)]
+
+
 ROUTER = {"host": "router0", "address": "192.168.50.5", "port": 30000, "metrics_port": 29000}
 
 
@@ -56,8 +61,7 @@ def test_a_node_in_two_groups_is_refused_naming_both():
 
 def test_shared_fabric_addresses_and_overlapping_subnets_are_refused():
     groups = two_groups()
-    groups["b"] = [node("b0", "192.168.50.20", "10.100.0.1", 0, "10.100.0.0/23"),
-                   node("b1", "192.168.50.21", "10.100.1.2", 1, "10.100.0.0/23")]
+    groups["b"] = group_b("10.100.0.1", "10.100.1.2", "10.100.0.0/23")
     problems = fleet.check_fleet(groups, ROUTER)
     assert len(problems) == 2, problems
     assert problems[0].startswith("group b: b0: sparkfleet_fabric_address: found 10.100.0.1, the fabric address of a "
@@ -160,8 +164,7 @@ def test_router_ports_are_compared_as_numbers_with_every_port_the_node_uses():
 
 def test_a_fabric_subnet_holding_a_management_address_or_the_routers_is_refused():
     groups = two_groups()
-    groups["b"] = [node("b0", "192.168.50.20", "192.168.50.201", 0, "192.168.50.0/24"),
-                   node("b1", "192.168.50.21", "192.168.50.202", 1, "192.168.50.0/24")]
+    groups["b"] = group_b("192.168.50.201", "192.168.50.202", "192.168.50.0/24")
     problems = fleet.check_fleet(groups, ROUTER)
     assert problems == [
         "group b: sparkfleet_fabric_subnets: found 192.168.50.0/24, holding the management address(es) "
