@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration integration-serve integration-labs integration-tp3 tp3 molecule host build clean
+.PHONY: help deps kernels-deps sanity-deps sanity lab lab-destroy site test lint unit kernels image integration integration-serve integration-labs integration-tp3 tp3 integration-fleet fleet molecule host build clean
 
 help:
 	@echo "make lab          create the local lab ($(NODES) nodes; NODES=3 for more) and run site.yml on it"
@@ -21,6 +21,8 @@ help:
 	@echo "make unit         the unit tests alone, with pytest"
 	@echo "make tp3          TP3 for real: a 3-node lab serves a model whose dimensions do not divide by 3, padded,"
 	@echo "                  and gives the tokens of the unpadded model at TP1 (not part of make test)"
+	@echo "make fleet        two serving groups (two 2-node labs) behind one vllm-router: throughput, a head killed"
+	@echo "                  under load, a fleet upgrade under load with no request lost (not part of make test)"
 	@echo "make molecule     molecule's site scenario on a lab of its own (create, check, converge, the lab playbook"
 	@echo "                  again, idempotence, verify, destroy)"
 	@echo "make sanity       the Ansible ecosystem's checks: ansible-test sanity and units, galaxy-importer on the"
@@ -124,7 +126,7 @@ kernels: kernels-deps
 INTEGRATION_WORKERS ?= 2
 integration: deps
 	scripts/bootstrap-browser
-	pytest tests/integration $(TP3_TESTS:%=--ignore=%) -n $(INTEGRATION_WORKERS) --dist loadscope \
+	pytest tests/integration $(APART_TESTS:%=--ignore=%) -n $(INTEGRATION_WORKERS) --dist loadscope \
 	  --no-loadscope-reorder --durations=25
 
 # The two halves of `integration`, each a pytest session of its own: the serving lab's chain (molecule's site
@@ -134,7 +136,7 @@ integration-serve: deps
 	pytest tests/integration/test_serve.py --durations=25
 
 integration-labs: deps
-	pytest tests/integration --ignore=tests/integration/test_serve.py $(TP3_TESTS:%=--ignore=%) --durations=25
+	pytest tests/integration --ignore=tests/integration/test_serve.py $(APART_TESTS:%=--ignore=%) --durations=25
 
 # TP3 for real (docs/tp-padding.md): a model whose dimensions do not divide by 3, padded by the roles, gives the
 # tokens of the unpadded model at TP1 - three vLLM boots on this machine (TP1, padded TP3, TP2), then a 3-node lab
@@ -146,6 +148,19 @@ tp3: deps
 
 integration-tp3: deps
 	pytest $(TP3_TESTS) --durations=10
+
+# Two serving groups behind one vllm-router (docs/fleet.md): two 2-node labs converged by site.yml side by side, the
+# router on the first group's head, then the fleet's throughput against one group's, a head killed under load and
+# a fleet upgrade under load. Four vLLM ranks on this machine: not in `make test`; timed by stage as it is.
+FLEET_TESTS := tests/integration/test_fleet.py
+fleet: deps
+	@scripts/run-stages deps integration-fleet
+
+integration-fleet: deps
+	pytest $(FLEET_TESTS) --durations=10
+
+# The tests make test leaves to their own targets.
+APART_TESTS := $(TP3_TESTS) $(FLEET_TESTS)
 
 molecule: deps
 	molecule test -s site

@@ -18,11 +18,14 @@ import contextlib
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import string
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sourcefile
@@ -43,12 +46,16 @@ TOPOLOGIES = {"triangle": 3, "ring": 4}
 # Every lab of the session, and the stages it is converged through when it is made (the 2-node lab is converged
 # by molecule's scenario, in the tests).
 # "tp3" is make tp3's: three nodes serving the padding proof's model (test_tp3), not part of make test.
-LAB_KEYS = ("main", "weights", *TOPOLOGIES, "tp3")
-CONVERGE = {"weights": "preflight,fabric", "triangle": "preflight,node,fabric", "ring": "preflight,fabric"}
+# "fleet_a" and "fleet_b" are make fleet's: two whole serving groups (site.yml) behind one router (test_fleet).
+FLEET_LABS = ("fleet_a", "fleet_b")
+LAB_KEYS = ("main", "weights", *TOPOLOGIES, "tp3", *FLEET_LABS)
+CONVERGE = {"weights": "preflight,fabric", "triangle": "preflight,node,fabric", "ring": "preflight,fabric",
+            **{key: "all" for key in FLEET_LABS}}
 # Each lab's subnets come from a range of its own (the lab role's default range is 10.213.0.0/16), so that labs
 # made at the same time on different workers never pick the same free subnet.
 SUBNET_POOLS = {"main": "10.213.0.0/18", "weights": "10.213.64.0/18", "triangle": "10.213.128.0/18",
-                "ring": "10.213.192.0/18", "tp3": "10.214.0.0/18"}
+                "ring": "10.213.192.0/18", "tp3": "10.214.0.0/18", "fleet_a": "10.214.64.0/18",
+                "fleet_b": "10.214.128.0/18"}
 # The topology whose lab the node and container-runtime tests share (its converge takes the node stage too).
 NODE_TESTS_LAB = "triangle"
 
@@ -60,6 +67,9 @@ class Labs:
     def __init__(self, tmp_path_factory, run_dir):
         self.tmp_path_factory, self.run_dir = tmp_path_factory, run_dir
         self.made, self.failed, self.released = {}, {}, set()
+        # The fleet's groups take one API key (the router passes the client's key through to either group): the
+        # lab role keeps a key file it finds, so each fleet lab's is written before the lab is made.
+        self.fleet_key = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
 
     @contextlib.contextmanager
     def changing(self):
@@ -100,6 +110,11 @@ class Labs:
             lab = {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base,
                    "topology": key}
             self.made[key] = lab  # before it exists: a half-made lab is removed too
+            if key in FLEET_LABS:
+                os.makedirs(extravars["lab_state_dir"], mode=0o700)
+                with open(os.open(os.path.join(extravars["lab_state_dir"], "api_key"), os.O_WRONLY | os.O_CREAT,
+                                  0o600), "w", encoding="ascii") as handle:
+                    handle.write(self.fleet_key)
             try:
                 created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
@@ -193,11 +208,21 @@ def fabric_lab(request, labs):
     return labs.get(getattr(request, "param", NODE_TESTS_LAB))
 
 
+@pytest.fixture(scope="session")
+def fleet_labs(labs):
+    """make fleet's two 2-node labs, each converged by the whole site.yml (a serving group, TP2) with the same API
+    key; made side by side."""
+    with ThreadPoolExecutor(max_workers=len(FLEET_LABS)) as pool:
+        return tuple(pool.map(labs.get, FLEET_LABS))
+
+
 def labs_used(item):
     """The keys of the labs a collected test uses."""
     names = set(item.fixturenames)
     used = {key for key, fixture in (("main", "lab"), ("weights", "weights_lab"), ("tp3", "tp3_lab"))
             if fixture in names}
+    if "fleet_labs" in names:
+        used.update(FLEET_LABS)
     if "fabric_lab" in names:
         callspec = getattr(item, "callspec", None)
         used.add(callspec.params.get("fabric_lab", NODE_TESTS_LAB) if callspec else NODE_TESTS_LAB)
@@ -215,7 +240,7 @@ LAST_USER = {}
 MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_router", "test_kv_pool", "test_tp_padding",
                 "test_collection_build",
                 "test_gb10_rank", "test_lab", "test_bad_inventory", "test_bad_inputs", "test_weights", "test_lab_grow",
-                "test_fabric", "test_node", "test_container_runtime", "test_tp3")
+                "test_fabric", "test_node", "test_container_runtime", "test_tp3", "test_fleet")
 
 
 # The integration stage runs on pytest-xdist workers, one group of tests per worker at a time: each lab's users
@@ -224,11 +249,12 @@ MODULE_ORDER = ("test_serve", "test_watchdog", "test_plugin_register", "test_rou
 # side by side. The scheduler sees test ids only, so the groups are named by module here, and the collection
 # checks them against the labs each test really uses.
 LAB_GROUPS = {"main": "lab-main", "weights": "lab-weights", "triangle": "lab-fabric", "ring": "lab-fabric",
-              "tp3": "lab-tp3"}
+              "tp3": "lab-tp3", "fleet_a": "lab-fleet", "fleet_b": "lab-fleet"}
 MODULE_GROUPS = {"test_lab": "lab-weights", "test_bad_inventory": "lab-weights", "test_serve": "lab-main",
                  "test_bad_inputs": "lab-weights", "test_weights": "lab-weights", "test_lab_grow": "lab-weights",
                  "test_fabric": "lab-fabric",
-                 "test_node": "lab-fabric", "test_container_runtime": "lab-fabric", "test_tp3": "lab-tp3"}
+                 "test_node": "lab-fabric", "test_container_runtime": "lab-fabric", "test_tp3": "lab-tp3",
+                 "test_fleet": "lab-fleet"}
 
 
 def module_of(nodeid):
