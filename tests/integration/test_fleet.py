@@ -172,10 +172,12 @@ def fleet(fleet_labs, tmp_path_factory):
     router_address = lab_hosts(group_a)["node0"]["ansible_host"]
     # Group b lets the router in from both of its addresses (the one the fleet knows it by, and the one its packets
     # reach group b from), through its own firewall: preflight and fabric again, no rank restarted.
-    group_vars = os.path.join(os.path.dirname(group_b["inventory"]), "group_vars")
-    os.makedirs(group_vars, exist_ok=True)
-    with open(os.path.join(group_vars, "sparkfleet_cluster.yml"), "w", encoding="utf-8") as handle:
-        yaml.safe_dump({"sparkfleet_router_addresses": [router_address, router_on_b]}, handle)
+    group_vars = os.path.join(os.path.dirname(group_b["inventory"]), "group_vars", "sparkfleet_cluster.yml")
+    with open(group_vars, encoding="utf-8") as handle:
+        settings = yaml.safe_load(handle) or {}  # (the lab's own: conftest.fleet_lab_vars)
+    settings["sparkfleet_router_addresses"] = [router_address, router_on_b]
+    with open(group_vars, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(settings, handle)
     opened = run_playbook(base / "open-b", SITE, inventory=group_b["inventory"], cmdline="--tags preflight,fabric")
     assert opened.status == "successful", output(opened)[-4000:]
 
@@ -219,6 +221,17 @@ def test_both_verified_groups_are_the_routers_workers_and_a_second_run_changes_n
         assert runner.status == "successful" and runner.stats["changed"] == {}, text[-4000:]
 
 
+def answered_by(fleet):
+    """How many requests each group's head has answered since its start (vLLM's own counter, from its /metrics)."""
+    counts = {}
+    for name, url in fleet["urls"].items():
+        with OPENER.open(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        counts[name] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                           if line.startswith("vllm:request_success_total{"))
+    return counts
+
+
 def throughput(url, key, requests=24, clients=4, tokens=64):
     started = time.monotonic()
     done = Load(url, key, clients=clients, tokens=tokens, count=requests).start().wait()
@@ -229,15 +242,21 @@ def throughput(url, key, requests=24, clients=4, tokens=64):
 
 def test_throughput_through_the_router_against_one_group_alone(fleet):
     """A benchmark, not an assertion on speed: the same bounded load (24 completions of 64 tokens, 4 clients) sent
-    to group a's head alone, then through the router to both groups. On the lab both groups' ranks share this
-    machine's cores, so the figure shows the router's cost and the lab's limit, not a DGX Spark fleet's scaling."""
+    to group a's head alone, then through the router to both groups, with how many each group answered (its own
+    counter). Each group's ranks compute on a core of their own of this machine (conftest.fleet_lab_vars), as each
+    group of a real fleet has Sparks of its own; everything else shares the machine."""
     key = api_key(fleet["a"])
     throughput(fleet["router"], key, requests=4)  # both groups warm (their first requests compile nothing later)
     alone, alone_rate = throughput(fleet["urls"]["a"], key)
+    before = answered_by(fleet)
     routed, routed_rate = throughput(fleet["router"], key)
+    after = answered_by(fleet)
+    split = ", ".join(f"group {name} {after[name] - before[name]:.0f}" for name in sorted(after))
+    assert sum(after.values()) - sum(before.values()) == 24, (before, after)  # every one answered by a group
     figure(f"throughput, 24 completions x 64 tokens, 4 clients: group a alone {alone:.1f} s ({alone_rate:.1f} tok/s); "
            f"through the router to both groups {routed:.1f} s ({routed_rate:.1f} tok/s), "
-           f"{routed_rate / alone_rate:.2f}x (both groups' 4 ranks share this machine's {os.cpu_count()} cores)")
+           f"{routed_rate / alone_rate:.2f}x; answered: {split} (each group's ranks on a core of their own of this "
+           f"machine's {os.cpu_count()})")
 
 
 def test_a_killed_head_leaves_the_router_at_once_and_rejoins_verified_while_the_other_group_answers(fleet):
