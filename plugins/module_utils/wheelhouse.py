@@ -10,6 +10,7 @@ requirements it holds; an interrupted download is resumed by running again.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -85,6 +86,17 @@ def download(requirements: Sequence[str], dest: str, target: Target | None = Non
     if is_complete(dest, requirements, target):
         return False
     os.makedirs(dest, exist_ok=True)
+    # Two runs on one controller (two clusters converged at once) download into the same wheelhouse: one at a time,
+    # and the second finds it complete.
+    with open(os.path.join(dest, ".lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(dest, requirements, target):
+            return False
+        _download(requirements, dest, target)
+    return True
+
+
+def _download(requirements: Sequence[str], dest: str, target: Target | None) -> None:
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
             "--dest", dest, *(target.pip_args() if target else []), *requirements]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -102,4 +114,3 @@ def download(requirements: Sequence[str], dest: str, target: Target | None = Non
         json.dump({"key": requirements_key(requirements, target), "requirements": list(requirements),
                    "platform": platform_tag(target), "wheels": wheel_count(dest)}, handle)
     os.replace(tmp, os.path.join(dest, MARKER))
-    return True

@@ -110,12 +110,12 @@ class Labs:
             lab = {"inventory": str(base / "inventory" / "hosts.yml"), "extravars": extravars, "base": base,
                    "topology": key}
             self.made[key] = lab  # before it exists: a half-made lab is removed too
-            if key in FLEET_LABS:
-                os.makedirs(extravars["lab_state_dir"], mode=0o700)
-                with open(os.open(os.path.join(extravars["lab_state_dir"], "api_key"), os.O_WRONLY | os.O_CREAT,
-                                  0o600), "w", encoding="ascii") as handle:
-                    handle.write(self.fleet_key)
             try:
+                if key in FLEET_LABS:
+                    os.makedirs(extravars["lab_state_dir"], mode=0o700)
+                    with open(os.open(os.path.join(extravars["lab_state_dir"], "api_key"), os.O_WRONLY | os.O_CREAT,
+                                      0o600), "w", encoding="ascii") as handle:
+                        handle.write(self.fleet_key)
                 created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
@@ -214,19 +214,24 @@ def fleet_lab_vars(lab, index):
     """A fleet lab's group_vars: its ranks' OpenMP threads on a core of their own (vLLM's CPU build otherwise binds
     every rank of every lab to core 0), so that each group computes on its own share of this machine as each group
     of a real fleet does on its own Sparks."""
+    cores = sorted(os.sched_getaffinity(0))
     group_vars = os.path.join(os.path.dirname(lab["inventory"]), "group_vars")
     os.makedirs(group_vars, exist_ok=True)
     with open(os.path.join(group_vars, "sparkfleet_cluster.yml"), "w", encoding="utf-8") as handle:
-        yaml.safe_dump({"vllm_service_env": {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}},
-                       handle)
+        yaml.safe_dump({"vllm_service_env": {"VLLM_CPU_OMP_THREADS_BIND": str(cores[index % len(cores)])}}, handle)
 
 
 @pytest.fixture(scope="session")
 def fleet_labs(labs):
     """make fleet's two 2-node labs, each converged by the whole site.yml (a serving group, TP2) with the same API
     key; made side by side."""
-    with ThreadPoolExecutor(max_workers=len(FLEET_LABS)) as pool:
+    pool = ThreadPoolExecutor(max_workers=len(FLEET_LABS))
+    try:
         return tuple(pool.map(labs.get, FLEET_LABS))
+    finally:
+        # (interrupted, the session ends without waiting for the other lab's converge: its ansible-playbook gets
+        # the terminal's signal too, and the session's end removes both labs)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def labs_used(item):

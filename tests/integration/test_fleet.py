@@ -11,6 +11,7 @@ request. Not part of make test (two serving groups beside the serving lab's dril
 import json
 import os
 import re
+import secrets
 import subprocess
 import threading
 import time
@@ -56,6 +57,10 @@ def workers(router):
         return None
 
 
+def main_pid(lab, node):
+    return on_node(lab, node, "systemctl", "show", "sparkfleet-vllm.service", "-p", "MainPID").stdout.strip()
+
+
 def group_state(lab):
     text = on_node(lab, "node0", "cat", "/var/lib/sparkfleet/group/state.json", check=False).stdout
     return json.loads(text) if text.strip() else {}
@@ -85,8 +90,10 @@ class Load:
 
     def client(self):
         while self.take():
-            body = json.dumps({"model": MODEL, "prompt": "Count on:", "max_tokens": self.tokens, "ignore_eos": True,
-                               "temperature": 0}).encode()
+            # each prompt a user's own: vllm-router's default policy (cache_aware) sends prompts that share a
+            # prefix to the group that holds it, and balances the others by load
+            body = json.dumps({"model": MODEL, "prompt": f"{secrets.token_hex(6)} Count on:", "max_tokens": self.tokens,
+                               "ignore_eos": True, "temperature": 0}).encode()
             request = urllib.request.Request(f"{self.url}/v1/completions", body, {
                 "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
             began = time.time()
@@ -178,8 +185,10 @@ def fleet(fleet_labs, tmp_path_factory):
     settings["sparkfleet_router_addresses"] = [router_address, router_on_b]
     with open(group_vars, "w", encoding="utf-8") as handle:
         yaml.safe_dump(settings, handle)
+    ranks = {node: main_pid(group_b, node) for node in ("node0", "node1")}
     opened = run_playbook(base / "open-b", SITE, inventory=group_b["inventory"], cmdline="--tags preflight,fabric")
     assert opened.status == "successful", output(opened)[-4000:]
+    assert {node: main_pid(group_b, node) for node in ("node0", "node1")} == ranks  # no rank restarted
 
     # The fleet inventory: the router host (group a's head, reached as group a reaches it) and the two groups.
     with open(group_a["inventory"], encoding="utf-8") as handle:
@@ -204,11 +213,23 @@ def fleet(fleet_labs, tmp_path_factory):
             "output": text, "urls": {"a": head_url(group_a), "b": head_url(group_b)}}
 
 
+def scrape_targets(lab):
+    """{(job, node): health} of the Prometheus on the lab's head (the watch stage's), None while it does not answer."""
+    try:
+        data = get_json(f"http://{lab_hosts(lab)['node0']['ansible_host']}:9090/api/v1/targets")["data"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return {(t["labels"]["job"], t["labels"].get("node")): t["health"] for t in data["activeTargets"]}
+
+
 def test_both_verified_groups_are_the_routers_workers_and_a_second_run_changes_nothing(fleet):
     """fleet.yml made the router with both groups' heads as its workers (the agent put them in: each head's last
-    start verified); a request through the router with the groups' key is answered, one without it is the group's
-    401; fleet.yml again changes nothing, and --check finds nothing to change."""
+    start verified); group a's Prometheus (on the router host) scrapes the router's own metrics; a request through
+    the router with the groups' key is answered, one without it is the group's 401; fleet.yml again changes
+    nothing, and --check finds nothing to change."""
     assert workers(fleet["router"]) == sorted(fleet["urls"].values())
+    wait_until(lambda: (scrape_targets(fleet["a"]) or {}).get(("router", "router")) == "up",
+               "group a's Prometheus scraping the router", stall=120)
     for name in ("a", "b"):
         assert start_status(fleet[name]).get("ok") and group_state(fleet[name]).get("phase") == "ready"
     requests = Load(fleet["router"], api_key(fleet["a"]), clients=2, tokens=8, count=4).start().wait()
@@ -253,6 +274,7 @@ def test_throughput_through_the_router_against_one_group_alone(fleet):
     after = answered_by(fleet)
     split = ", ".join(f"group {name} {after[name] - before[name]:.0f}" for name in sorted(after))
     assert sum(after.values()) - sum(before.values()) == 24, (before, after)  # every one answered by a group
+    assert all(after[name] > before[name] for name in after), (before, after)  # the router used both
     figure(f"throughput, 24 completions x 64 tokens, 4 clients: group a alone {alone:.1f} s ({alone_rate:.1f} tok/s); "
            f"through the router to both groups {routed:.1f} s ({routed_rate:.1f} tok/s), "
            f"{routed_rate / alone_rate:.2f}x; answered: {split} (each group's ranks on a core of their own of this "
@@ -275,29 +297,27 @@ def test_a_killed_head_leaves_the_router_at_once_and_rejoins_verified_while_the_
             time.sleep(5)
             killed = time.time()
             on_node(group_b, "node0", "kill", "-KILL", *engine)
-            wait_until(lambda: watch.first(lambda urls: fleet["urls"]["b"] not in urls, killed),
-                       "group b out of the router", stall=60)
+            removed = wait_until(lambda: watch.first(lambda urls: fleet["urls"]["b"] not in urls, killed),
+                                 "group b out of the router", stall=60)
             wait_until(lambda: group_state(group_b).get("epoch") not in (None, before["epoch"])
                        and group_state(group_b).get("phase") == "ready" and start_status(group_b).get("ok"),
                        "group b verified again by itself", stall=300)
-            wait_until(lambda: watch.first(lambda urls: fleet["urls"]["b"] in urls, killed),
-                       "group b back in the router", stall=60)
+            back = wait_until(lambda: watch.first(lambda urls: fleet["urls"]["b"] in urls, removed),
+                              "group b back in the router", stall=60)
         finally:
             requests = load.stop()
-    removed = watch.first(lambda urls: fleet["urls"]["b"] not in urls, killed)
-    back = watch.first(lambda urls: fleet["urls"]["b"] in urls, removed)
     failed = [r for r in requests if not r["ok"]]
     late = [r for r in failed if r["began"] > removed]
     during = [r for r in requests if r["ok"] and removed < r["began"] and r["ended"] < back]
+    assert not late, late[:5]
+    assert during, "group a answered nothing while group b was out"
+    assert not whole(requests, 32)
+    assert start_status(group_b)["found"]["known_answer"] == "matched"
     figure(f"group b's head EngineCore killed under load through the router: out of the router "
            f"{removed - killed:.1f} s after the kill (agent poll {MEMBERS_POLL:g} s, vllm-router health check every "
            f"{HEALTH_CHECK_INTERVAL} s); "
            f"back, verified, {back - killed:.1f} s after it; {len(requests)} requests: {len(failed)} failed "
            f"(all sent before group b was out), {len(during)} answered by group a while group b healed")
-    assert not late, late[:5]
-    assert during, "group a answered nothing while group b was out"
-    assert not whole(requests, 32)
-    assert start_status(group_b)["found"]["known_answer"] == "matched"
 
 
 def test_a_fleet_upgrade_under_load_loses_no_request(fleet):

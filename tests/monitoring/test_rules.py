@@ -20,6 +20,7 @@ PROMTOOL = ROOT / "scripts/promtool"
 HEAD = {"job": "vllm", "instance": "10.0.0.1:8000", "node": "spark1"}
 NODE = {"job": "node", "instance": "10.0.0.1:9100", "node": "spark1"}
 WORKER = {"job": "node", "instance": "10.0.0.2:9100", "node": "spark2"}
+ROUTER = {"job": "router", "instance": "10.0.0.1:29000", "node": "spark1"}
 
 
 def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -65,6 +66,10 @@ CASES = [
      [("5m", []), ("7m", [(NODE, "3")])]),
     ("SparkfleetNodeExporterDown", [series("up", NODE, "1 0 0 0 0")],
      [("2m", []), ("3m", [(NODE, "0")])]),
+    ("SparkfleetRouterDown", [series("up", ROUTER, "1 0 0 0 0 1")],
+     [("2m", []), ("3m", [(ROUTER, "0")]), ("5m", [])]),
+    ("SparkfleetFleetGroupOut", [series("sparkfleet_fleet_member", {**NODE, "group": "b"}, "1 0x40")],
+     [("20m", []), ("32m", [({**NODE, "group": "b"}, "0")])]),
     ("SparkfleetWatchdogTripped", [series("sparkfleet_watchdog_trips_total", NODE, "0 0 0 1 1")],
      [("2m", []), ("4m", [(NODE, "1")])]),
     ("SparkfleetMemAvailableLow",
