@@ -69,7 +69,7 @@ class Labs:
         self.made, self.failed, self.released = {}, {}, set()
         # The fleet's groups take one API key (the router passes the client's key through to either group): the
         # lab role keeps a key file it finds, so each fleet lab's is written before the lab is made.
-        self.fleet_key = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
+        self.fleet_key = "".join(secrets.choice(string.ascii_letters + string.digits) for _position in range(40))
 
     @contextlib.contextmanager
     def changing(self):

@@ -79,7 +79,7 @@ class Load:
     def __init__(self, url, key, clients=4, tokens=64, count=None):
         self.url, self.key, self.tokens, self.count = url, key, tokens, count
         self.requests, self.lock, self.stopping, self.sent = [], threading.Lock(), threading.Event(), 0
-        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _client in range(clients)]
 
     def take(self):
         with self.lock:
