@@ -227,9 +227,11 @@ def test_both_verified_groups_are_the_routers_workers_and_a_second_run_changes_n
     start verified); group a's Prometheus (on the router host) scrapes the router's own metrics; a request through
     the router with the groups' key is answered, one without it is the group's 401; fleet.yml again changes
     nothing, and --check finds nothing to change."""
-    assert workers(fleet["router"]) == sorted(fleet["urls"].values())
+    both = sorted(fleet["urls"].values())
+    wait_until(lambda: workers(fleet["router"]) == both, "both groups in the router's answer", stall=60)
+    # (the targets as Prometheus lists them are the progress: a wait that fails shows the last of them)
     wait_until(lambda: (scrape_targets(fleet["a"]) or {}).get(("router", "router")) == "up",
-               "group a's Prometheus scraping the router", stall=120)
+               "group a's Prometheus scraping the router", progress=lambda: scrape_targets(fleet["a"]), stall=180)
     for name in ("a", "b"):
         assert start_status(fleet[name]).get("ok") and group_state(fleet[name]).get("phase") == "ready"
     requests = Load(fleet["router"], api_key(fleet["a"]), clients=2, tokens=8, count=4).start().wait()
