@@ -108,7 +108,8 @@ def main():
     changed = not wheelhouse.is_complete(dest, requirements, target)
     if changed and not module.check_mode:
         try:
-            wheelhouse.download(requirements, dest, target)
+            # (False when another run on this controller completed it while this one waited for the lock)
+            changed = wheelhouse.download(requirements, dest, target)
         except wheelhouse.WheelhouseError as err:
             module.fail_json(msg=str(err), dest=dest)
     count = wheelhouse.wheel_count(dest) if os.path.isdir(dest) else 0
