@@ -285,11 +285,68 @@ def refusal_line(text, where, key, found):
     return lines[0]
 
 
-@pytest.mark.parametrize("values, where, key, found", [case[1:] for case in CASES], ids=[c[0] for c in CASES])
-def test_a_bad_value_is_refused_before_any_host_changes(values, where, key, found, broken, tmp_path):
-    (broken / "group_vars").mkdir()
-    (broken / "group_vars" / "sparkfleet_cluster.yml").write_text(yaml.safe_dump(values))
-    refusal_line(refused(broken, tmp_path), where, key, found)
+# The value cases share their site.yml runs: one run per batch of cases that set different keys, since the
+# preflight reports every problem it finds at once; each case still asserts its own line in its batch's refusal.
+# A profile that cannot be read leaves nothing to check its values against: those cases run alone. The flags of
+# sparkfleet_vllm_args are checked only once the cluster's own keys pass: they batch among themselves, each flag a
+# key of its own. (80 value cases: 11 runs.)
+ALONE = {"profile-unknown", "profile-bad-name", "profile-paths-a-mapping"}
+
+
+def batches(cases):
+    """[(merged group_vars, [case ids])], in the order of the cases."""
+    made = []
+    for name, values, *_rest in cases:
+        for merged, names in made:
+            if name in ALONE or names[0] in ALONE:
+                continue
+            if (set(values) == {"sparkfleet_vllm_args"}) != (set(merged) == {"sparkfleet_vllm_args"}):
+                continue
+            clash = set(values) & set(merged)
+            flags, merged_flags = values.get("sparkfleet_vllm_args"), merged.get("sparkfleet_vllm_args")
+            if clash == {"sparkfleet_vllm_args"} and isinstance(flags, dict) and isinstance(merged_flags, dict) \
+                    and not set(flags) & set(merged_flags):
+                merged["sparkfleet_vllm_args"] = dict(merged_flags, **flags)
+                names.append(name)
+                break
+            if not clash:
+                merged.update(values)
+                names.append(name)
+                break
+        else:
+            made.append((dict(values), [name]))
+    return made
+
+
+BATCHES = batches(CASES)
+REFUSALS = {}  # batch number -> its run's output, on the worker that runs this module's tests
+
+
+@pytest.fixture
+def refusal(weights_lab, tmp_path_factory):
+    """The refusal of the batch a case is in: site.yml run once per batch on a copy of the weights lab's
+    inventory with the batch's values in its group_vars."""
+    def text_for(case):
+        number = next(index for index, (_merged, names) in enumerate(BATCHES) if case in names)
+        if number not in REFUSALS:
+            where = tmp_path_factory.mktemp(f"bad-batch-{number}")
+            inventory = inventory_copy(weights_lab, where)
+            (inventory / "group_vars").mkdir()
+            (inventory / "group_vars" / "sparkfleet_cluster.yml").write_text(yaml.safe_dump(BATCHES[number][0]))
+            REFUSALS[number] = refused(inventory, where)
+        return REFUSALS[number]
+    return text_for
+
+
+def test_the_value_cases_share_few_runs_and_every_case_is_in_one():
+    assert sorted(name for _merged, names in BATCHES for name in names) == sorted(case[0] for case in CASES)
+    assert len(BATCHES) <= len(ALONE) + 8, [names for _merged, names in BATCHES]
+
+
+@pytest.mark.parametrize("case, where, key, found", [(case[0], *case[2:]) for case in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_bad_value_is_refused_before_any_host_changes(case, where, key, found, refusal):
+    refusal_line(refusal(case), where, key, found)
 
 
 @pytest.mark.parametrize("change, where, key, found", [case[1:] for case in STRUCTURE],
