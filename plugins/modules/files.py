@@ -13,14 +13,14 @@ description:
   - Makes each directory and writes each file of O(files), in order, with its owner, group and mode; a file whose
     bytes, owner, group and mode are already the ones given is left alone, and a file whose bytes differ is
     replaced atomically (written beside it, then renamed over it).
-  - Why not M(ansible.builtin.copy) or M(ansible.builtin.template) in a loop: each of those runs two modules on
+  - Why not M(ansible.builtin.copy) or M(ansible.builtin.template) in a loop? Each of those runs two modules on
     the node per file even when nothing changes (a C(stat), then M(ansible.builtin.file) for the attributes), and
     the roles install dozens of small files (helpers, units, the module_utils the node's own checks import) on
     every converge. One run of this module does the same for the whole set. Its result names every path it
     changed, so that a role can still restart only what a changed file concerns.
   - The files' bytes travel base64-encoded (the P(ansible.builtin.b64encode#filter) filter over a
     P(ansible.builtin.template#lookup) or P(ansible.builtin.file#lookup) lookup) and are not logged on the node.
-    Secrets do not belong here: the result's diff shows the files' text.
+    Secrets do not belong here, since the result's diff shows the files' text.
 version_added: 0.1.0
 options:
   files:
