@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -32,6 +33,14 @@ from .layout import FP8_DS_MLA_ROW_BYTES, GB10_BANDWIDTH, LATENT_DIM, NVFP4_ROW_
 BLOCK_SIZE = 64
 TARGETS = {"decode gather": 0.80, "write 65536 tokens": 0.65}
 MIN_SPEEDUP = 5.0
+# Sparse-MLA decode attention: a scale of 1/sqrt(576) (any value times the same); the tolerances of
+# tests/kernels/test_fused.py (relative L2 error of the output over the live tokens, and lse's absolute error).
+ATTENTION_SCALE = 1 / math.sqrt(576)
+FUSED_BOUND = 4e-3
+FP8_KERNEL_BOUND = 6e-3
+FP8_MARGIN = 8
+LSE_BOUND = 5e-3
+FUSED_GOAL = 0.5  # fused <= 0.5 x (gather + fp8 attention)
 
 
 def random_latent(tokens: int, dtype: torch.dtype, device: str, extremes: bool = True) -> torch.Tensor:
@@ -181,6 +190,104 @@ def validate(device: str) -> list[str]:
     return checks.failed
 
 
+def attention_case(pool: torch.Tensor, tokens: int, heads: int, topk: int, device: str, seed: int,
+                   idx_dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 query and top-k indices with padding, an index past the pool, and (T > 1) a last token that is
+    all padding."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = (torch.randn(tokens, heads, LATENT_DIM, device=device, generator=gen) * 2).to(torch.bfloat16)
+    idx = random_indices(tokens, topk, reference.pool_rows(pool), device, padding=True)
+    if tokens > 1:
+        idx[-1] = -1
+    return q, idx.to(idx_dtype)
+
+
+def attention_errors(out: torch.Tensor, lse: torch.Tensor, want: torch.Tensor, want_lse: torch.Tensor,
+                     live: torch.Tensor) -> tuple[float, float, bool]:
+    """(relative L2 error of out over the live tokens, max |lse error| there, empty tokens give 0 and -inf)."""
+    error = float((out.float() - want)[live].norm() / want[live].norm())
+    lse_error = float((lse - want_lse)[live].abs().max())
+    empty = ~live
+    empty_ok = bool((out[empty] == 0).all() and torch.isneginf(lse[empty]).all())
+    return error, lse_error, empty_ok
+
+
+def validate_attention(device: str) -> list[str]:
+    """The fused NVFP4 decode kernel and the fp8 baseline against the fp32 reference, sync-free and in a graph."""
+    checks = Checks()
+    rows = 100_032
+    pool = new_pool(rows, device)
+    kernels.write(random_latent(rows, torch.bfloat16, device, extremes=False), torch.arange(rows, device=device),
+                  pool)
+    scale = ATTENTION_SCALE
+    print(f"validation: sparse-MLA decode (fused <= {FUSED_BOUND} and {FP8_MARGIN}x inside the fp8 path's own "
+          f"error; fp8 kernel <= {FP8_KERNEL_BOUND} of its reference; |lse| <= {LSE_BOUND})")
+    # (tokens, heads, top-k, splits, blocks, index dtype): one token; the bench's 32 x 2048, split and not; 22
+    # heads (TP3) in one masked block and in blocks of 16 (a tail of 6); int64; a top-k not a multiple of a chunk.
+    cases = [(1, 16, 2048, None, None, torch.int32), (32, 16, 2048, None, None, torch.int32),
+             (32, 16, 2048, 1, None, torch.int32), (96, 22, 2048, None, None, torch.int64),
+             (5, 22, 2048, None, (16, 32, 4, 2), torch.int32), (7, 16, 777, 3, None, torch.int64)]
+    for number, (tokens, heads, topk, splits, blocks, idx_dtype) in enumerate(cases):
+        q, idx = attention_case(pool, tokens, heads, topk, device, seed=number, idx_dtype=idx_dtype)
+        live = (idx >= 0).any(dim=1)
+        want, want_lse = reference.sparse_mla_decode(q, pool, idx, scale)
+        fp8_want, fp8_want_lse = reference.sparse_mla_decode_fp8(q, *reference.gather(pool, idx), scale)
+        fp8_error = attention_errors(fp8_want, fp8_want_lse, want, want_lse, live)[0]
+        out, lse = kernels.sparse_mla_decode(q, pool, idx, scale, out_dtype=torch.float32, splits=splits,
+                                             blocks=blocks)
+        error, lse_error, empty_ok = attention_errors(out, lse, want, want_lse, live)
+        name = f"T={tokens} H={heads} K={topk} splits={splits or 'auto'} {str(idx_dtype)[6:]}"
+        checks.check(f"fused    {name}", error <= FUSED_BOUND and error * FP8_MARGIN <= fp8_error
+                     and lse_error <= LSE_BOUND and empty_ok,
+                     f"error {error:.2e} (fp8 path {fp8_error:.2e}), lse {lse_error:.1e}")
+        out8, lse8 = kernels.gather_then_decode_fp8(q, pool, idx, scale, out_dtype=torch.float32, splits=splits,
+                                                    blocks=blocks)
+        error8, lse_error8, empty_ok8 = attention_errors(out8, lse8, fp8_want, fp8_want_lse, live)
+        checks.check(f"fp8 attn {name}", error8 <= FP8_KERNEL_BOUND and lse_error8 <= LSE_BOUND and empty_ok8,
+                     f"error {error8:.2e}, lse {lse_error8:.1e}")
+    q, idx = attention_case(pool, 32, 16, 2048, device, seed=99)
+    out, _unused = kernels.sparse_mla_decode(q, pool, idx, scale)
+    want, _unused = reference.sparse_mla_decode(q, pool, idx, scale)
+    live = (idx >= 0).any(dim=1)
+    error = float((out.float() - want)[live].norm() / want[live].norm())
+    checks.check("fused, bf16 output", out.dtype == torch.bfloat16 and error <= FUSED_BOUND + 2**-9, f"{error:.2e}")
+
+    print("no host synchronisation, CUDA graph capture and replay (attention)")
+    kernels.gather_then_decode_fp8(q, pool, idx, scale)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        kernels.sparse_mla_decode(q, pool, idx, scale)
+        kernels.gather_then_decode_fp8(q, pool, idx, scale)
+        synced = ""
+    except RuntimeError as exc:
+        synced = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    checks.check("fused and gather + fp8 attention under set_sync_debug_mode('error')", not synced, synced)
+    static_q, static_idx = q.clone(), idx.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernels.sparse_mla_decode(static_q, pool, static_idx, scale)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out, graph_lse = kernels.sparse_mla_decode(static_q, pool, static_idx, scale)
+    for replay in range(3):
+        new_q, new_idx = attention_case(pool, 32, 16, 2048, device, seed=100 + replay)
+        static_q.copy_(new_q)
+        static_idx.copy_(new_idx)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, want_lse = reference.sparse_mla_decode(new_q, pool, new_idx, scale)
+        error, lse_error, empty_ok = attention_errors(graph_out, graph_lse, want, want_lse,
+                                                      (new_idx >= 0).any(dim=1))
+        checks.check(f"fused graph replay {replay + 1} on new inputs",
+                     error <= FUSED_BOUND + 2**-9 and lse_error <= LSE_BOUND and empty_ok, f"{error:.2e}")
+    return checks.failed
+
+
 def median_graph_ms(calls: list[Callable[[], object]], runs: int, warmup: int) -> float:
     """Capture every call once into one graph; the median replay time divided by the number of calls."""
     stream = torch.cuda.Stream()
@@ -245,6 +352,7 @@ class Bench:
         self.args, self.device = args, device
         self.l2 = torch.cuda.get_device_properties(device).L2_cache_size
         self.results: list[dict] = []
+        self.attention: list[dict] = []
 
     def report(self, case: str, ms: float, nbytes: int, ref_ms: float) -> dict:
         copy = copy_bandwidth(nbytes, rotations_for(nbytes, self.l2), self.args.runs, self.args.warmup, self.device)
@@ -313,13 +421,145 @@ class Bench:
         self.report(f"write {tokens} tokens", ms, per_set, ref_ms)
 
 
-def benchmark(args: argparse.Namespace, device: str) -> list[dict]:
+def attention_bytes(kind: str, tokens: int, heads: int, topk: int, splits: int) -> int:
+    """The bytes a decode-attention step must move: per entry its index (or table entry) and the row bytes read
+    (288 for NVFP4; 512 e4m3 + 16 scale bytes of the fp8_ds_mla row); per (token, head) the bf16 query and output
+    and the lse; with splits, each split's partial state (512 fp32 + m, l) written and read back."""
+    row = NVFP4_ROW_BYTES if kind == "nvfp4" else 528
+    state = tokens * heads * (2 * LATENT_DIM * 2 + 4)
+    partial = tokens * heads * splits * (LATENT_DIM * 4 + 8) * 2 if splits > 1 else 0
+    return tokens * topk * (4 + row) + state + partial
+
+
+def attention_bench(bench: Bench, tokens: int) -> dict:
+    """Fused NVFP4 decode attention against (b) the sync-free gather + the same attention over the fp8 rows."""
+    args, device = bench.args, bench.device
+    heads, topk, scale = args.heads, args.topk, ATTENTION_SCALE
+    entries = tokens * topk
+    footprint = args.pool_rows * NVFP4_ROW_BYTES + entries * (4 + FP8_DS_MLA_ROW_BYTES)
+    n = rotations_for(footprint, bench.l2)
+    pools = bench.filled_pools(n)
+    idx = [torch.randperm(args.pool_rows, device=device)[:entries].to(torch.int32).view(tokens, topk)
+           for _i in range(n)]
+    qs = [torch.randn(tokens, heads, LATENT_DIM, device=device).to(torch.bfloat16) for _i in range(n)]
+    buffers = [kernels.SyncFreeBuffers(max_tokens=tokens) for _i in range(n)]
+    gathered = [kernels.gather_sync_free(pools[i], idx[i], buffers=buffers[i]) for i in range(n)]
+    splits = kernels._attention_plan("nvfp4", qs[0], topk, None, None)[4]
+    splits8 = kernels._attention_plan("fp8", qs[0], topk, None, None)[4]
+
+    def timed(call: Callable[[int], object]) -> float:
+        return median_graph_ms([lambda i=i: call(i) for i in range(n)], args.runs, args.warmup)
+
+    fused_ms = timed(lambda i: kernels.sparse_mla_decode(qs[i], pools[i], idx[i], scale))
+    gather_ms = timed(lambda i: kernels.gather_sync_free(pools[i], idx[i], buffers=buffers[i]))
+    attend_ms = timed(lambda i: kernels.sparse_mla_decode_fp8(qs[i], *gathered[i], scale))
+
+    def baseline(i: int) -> None:
+        scratch, tables = kernels.gather_sync_free(pools[i], idx[i], buffers=buffers[i])
+        kernels.sparse_mla_decode_fp8(qs[i], scratch, tables, scale)
+
+    baseline_ms = timed(baseline)
+    ref_ms = median_eager_ms([lambda i=i: reference.sparse_mla_decode(qs[i], pools[i], idx[i], scale)
+                              for i in range(n)], max(args.ref_runs // 3, 2), 1)
+    gather_bytes = entries * (NVFP4_ROW_BYTES + 528 + 4 + 4)
+    attend_bytes = attention_bytes("fp8", tokens, heads, topk, splits8)
+    label = f"{tokens} x {topk}, {heads} heads"
+    fused = bench.report(f"(a) fused NVFP4 attention, {label}, {splits} splits", fused_ms,
+                         attention_bytes("nvfp4", tokens, heads, topk, splits), ref_ms)
+    bench.report(f"(b1) gather to fp8_ds_mla, {label}", gather_ms, gather_bytes, ref_ms)
+    bench.report(f"(b2) fp8 attention, {label}, {splits8} splits", attend_ms, attend_bytes, ref_ms)
+    base = bench.report(f"(b) gather + fp8 attention, {label}", baseline_ms, gather_bytes + attend_bytes, ref_ms)
+    summary = {"tokens": tokens, "heads": heads, "topk": topk, "fused_ms": fused_ms, "baseline_ms": baseline_ms,
+               "gather_ms": gather_ms, "fp8_attention_ms": attend_ms, "fused_over_baseline": fused_ms / baseline_ms,
+               "fused_gb10_ms": fused["gb10_ms"], "baseline_gb10_ms": base["gb10_ms"],
+               "fused_gb10_floor_ms": fused["bytes"] / GB10_BANDWIDTH * 1e3,
+               "baseline_gb10_floor_ms": base["bytes"] / GB10_BANDWIDTH * 1e3}
+    bench.attention.append(summary)
+    return summary
+
+
+def attention_sweep(args: argparse.Namespace, device: str) -> None:
+    """Time the attention kernels over (BLOCK_K, warps) and splits at 32 x 2048; the benchmark then runs
+    each kernel with its fastest shape (the sweep finds the default blocks' best split count only)."""
     bench = Bench(args, device)
-    bench.decode()
-    bench.prefill()
-    for tokens in args.write_tokens:
-        bench.write(tokens)
-    return bench.results
+    tokens, topk, heads = args.decode_tokens, args.topk, args.heads
+    n = rotations_for(args.pool_rows * NVFP4_ROW_BYTES + tokens * topk * 660, bench.l2)
+    pools = bench.filled_pools(n)
+    idx = [torch.randperm(args.pool_rows, device=device)[: tokens * topk].to(torch.int32).view(tokens, topk)
+           for _i in range(n)]
+    qs = [torch.randn(tokens, heads, LATENT_DIM, device=device).to(torch.bfloat16) for _i in range(n)]
+    gathered = [kernels.gather_sync_free(pools[i], idx[i], buffers=kernels.SyncFreeBuffers(max_tokens=tokens))
+                for i in range(n)]
+    block_h = min(max(triton.next_power_of_2(heads), 16), 32)
+    best: dict[str, tuple[float, tuple[int, int, int], int]] = {}
+
+    def time_both(block_k: int, warps: int, stages: int, per_sm: int) -> None:
+        blocks = (block_h, block_k, warps, stages)
+        saved = dict(kernels._PROGRAMS_PER_SM)
+        kernels._PROGRAMS_PER_SM.update(nvfp4=per_sm, fp8=per_sm)
+        line = f"  ({block_k:2d}, {warps}, {stages}, {per_sm:2d})"
+        try:
+            splits = kernels._attention_plan("nvfp4", qs[0], topk, None, blocks)[4]
+            fused = median_graph_ms([lambda i=i: kernels.sparse_mla_decode(
+                qs[i], pools[i], idx[i], ATTENTION_SCALE, blocks=blocks) for i in range(n)],
+                args.runs // 4, args.warmup)
+            fp8 = median_graph_ms([lambda i=i: kernels.sparse_mla_decode_fp8(
+                qs[i], *gathered[i], ATTENTION_SCALE, blocks=blocks) for i in range(n)],
+                args.runs // 4, args.warmup)
+            print(f"{line} {splits:2d} splits: fused {fused:.4f}  fp8 {fp8:.4f}", flush=True)
+            for kind, ms in (("nvfp4", fused), ("fp8", fp8)):
+                if kind not in best or ms < best[kind][0]:
+                    best[kind] = (ms, (block_k, warps, stages), per_sm)
+        except Exception as exc:  # a shape that does not compile is reported, not fatal
+            print(f"{line} failed: {str(exc).splitlines()[0][:100]}", flush=True)
+        finally:
+            kernels._PROGRAMS_PER_SM.update(saved)
+
+    print(f"sweep: decode attention {tokens} x {topk}, {heads} heads "
+          "(BLOCK_K, warps, stages, programs per SM) -> ms")
+    for block_k in (16, 32, 64):
+        for warps in (4, 8):
+            time_both(block_k, warps, 2, kernels._PROGRAMS_PER_SM["nvfp4"])
+    default = kernels._GPU_ATTENTION["nvfp4"]
+    for per_sm in (1, 4):
+        time_both(*default, per_sm)
+    # The benchmark below runs each kernel with its fastest shape here: both tuned alike, like for like.
+    for kind, (ms, shape, per_sm) in best.items():
+        kernels._GPU_ATTENTION[kind] = shape
+        kernels._PROGRAMS_PER_SM[kind] = per_sm
+        print(f"  fastest {kind}: (BLOCK_K, warps, stages) {shape}, {per_sm} programs per SM: {ms:.4f} ms")
+
+
+def print_attention(summaries: list[dict]) -> None:
+    """The side-by-side verdict: fused against (b), and the GB10 projections by both methods."""
+    if not summaries:
+        return
+    print("\nfused NVFP4 attention vs (b) gather + fp8 attention (goal: fused <= 0.5 x (b))")
+    print("GB10 projection: bytes / 273 GB/s / (the H200's ratio to a same-size copy) [the project's formula], and "
+          "bytes / 273 GB/s [the bandwidth floor, if GB10 is bandwidth-bound]")
+    header = ("case", "fused ms", "(b) ms", "gather ms", "fp8 attn ms", "fused / (b)", "goal",
+              "GB10 fused ms", "GB10 (b) ms", "GB10 floor fused", "GB10 floor (b)")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in summaries:
+        cells = (f"{r['tokens']} x {r['topk']}, {r['heads']} heads", f"{r['fused_ms']:.4f}", f"{r['baseline_ms']:.4f}",
+                 f"{r['gather_ms']:.4f}", f"{r['fp8_attention_ms']:.4f}", f"{r['fused_over_baseline']:.2f}",
+                 "met" if r["fused_over_baseline"] <= FUSED_GOAL else "missed", f"{r['fused_gb10_ms']:.3f}",
+                 f"{r['baseline_gb10_ms']:.3f}", f"{r['fused_gb10_floor_ms']:.3f}",
+                 f"{r['baseline_gb10_floor_ms']:.3f}")
+        print("| " + " | ".join(cells) + " |")
+
+
+def benchmark(args: argparse.Namespace, device: str) -> Bench:
+    bench = Bench(args, device)
+    for tokens in args.attention_tokens:
+        attention_bench(bench, tokens)
+    if not args.attention_only:
+        bench.decode()
+        bench.prefill()
+        for tokens in args.write_tokens:
+            bench.write(tokens)
+    return bench
 
 
 def sweep(args: argparse.Namespace, device: str) -> None:
@@ -378,7 +618,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--ref-runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--heads", type=int, default=16, help="query heads per rank (64 heads at TP4)")
+    parser.add_argument("--attention-tokens", type=int, nargs="*", default=[32, 96],
+                        help="decode attention cases, tokens x --topk (32 x 2048 = 65,536 rows, the published case)")
+    parser.add_argument("--attention-only", action="store_true",
+                        help="validate and time the decode attention alone (not the write and gathers)")
     parser.add_argument("--sweep", action="store_true", help="time block shapes instead of the benchmark")
+    parser.add_argument("--sweep-attention", action="store_true",
+                        help="time the attention kernels' block shapes and splits before the benchmark")
     parser.add_argument("--skip-validation", action="store_true")
     parser.add_argument("--validate-only", action="store_true",
                         help="the validation alone, no benchmark (the image's self-test); exit 1 when it fails")
@@ -398,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = []
     if not args.skip_validation:
+        failed += validate_attention(device)
+    if not args.skip_validation and not args.attention_only:
         print("== kernels with the GPU's fp8 conversion (how they run in the image)")
         failed += validate(device)
         # The integer emulation is what CI checks under the interpreter: prove it is the same bytes on the GPU.
@@ -408,15 +657,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate_only:
         print(f"validation: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
         return 1 if failed or args.skip_validation else 0
-    results = benchmark(args, device)
+    if args.sweep_attention:
+        attention_sweep(args, device)
+    bench = benchmark(args, device)
+    results = bench.results
     print_table(results)
+    print_attention(bench.attention)
     missed = [r["case"] for r in results if r["target_ratio"] and r["ratio"] < r["target_ratio"]]
     missed += [f"{r['case']} speed-up" for r in results if r["case"] in TARGETS and r["speedup"] < MIN_SPEEDUP]
     print(f"validation: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
     print(f"targets: {'all met' if not missed else 'missed: ' + ', '.join(missed)}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": props.name, "results": results, "failed": failed, "missed": missed}, fh, indent=2)
+            json.dump({"device": props.name, "results": results, "attention": bench.attention, "failed": failed,
+                       "missed": missed}, fh, indent=2)
     return 1 if failed else 0
 
 

@@ -454,3 +454,422 @@ def gather(
     if indices.shape[0] <= buffers.max_tokens:
         return gather_sync_free(pool, indices, buffers=buffers)
     return gather_dedup(pool, indices)
+
+
+# ---- sparse-MLA decode attention -------------------------------------------------------------------------------
+#
+# Both kernels run one program per (token, block of heads, split of the top-k): the program reads each of its
+# selected rows once for all heads of the block, dequantises it in registers, and runs an online softmax over
+# chunks of BLOCK_K rows (scores and the weighted sum of rows as bf16 x bf16 -> fp32 tensor-core products).
+# With one split it writes the output and lse itself; with several (flash-decode), each split writes its
+# unnormalised partial state and `_combine_kernel` merges them. Softmax runs in base 2: the scores are scaled by
+# softmax_scale * log2(e), and lse is converted back to the natural log at the end.
+#
+# Keys are values (MLA): the 512-wide latent. The NVFP4 kernel splits each row into its even elements (the low
+# nibbles) and odd elements (the high nibbles), so it needs no interleaving: q and the output are read and written
+# as even and odd halves, and q . k = q_even . k_even + q_odd . k_odd.
+
+_LOG2E = 1.4426950408889634
+# The NVFP4 kernel keeps its rows as value * 2**-26 (see _gather_kernel: code * 2**-126 times scale * 2**100);
+# its scores and output are scaled back by 2**26.
+_NVFP4_ROW_SCALE = 67108864.0
+
+
+@triton.jit
+def _dot(a, b, acc, TENSOR_CORES: tl.constexpr):
+    """acc + a @ b with a and b rounded to bf16 and fp32 accumulation.
+
+    On a GPU the tensor cores' bf16 product. Triton's interpreter gets bf16 products wrong (and truncates instead
+    of rounding to bf16), so there the same bf16 operands are multiplied as fp32 in IEEE arithmetic.
+    """
+    if TENSOR_CORES:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc,
+                      input_precision="ieee")
+
+
+@triton.jit
+def _softmax_step(scores, live, m_i, l_i):
+    """One chunk of the online softmax (base 2): -> (weights p, rescale factor for the old state, new m, new l).
+
+    Padding entries weigh 0. While every entry so far is padding, m stays -inf and l 0; exp2 is never taken of
+    -inf - -inf. The weights are rounded to bf16 (the product's operand) before they are summed into l, so that
+    the output is normalised by the weights it was summed with: the rounding errors then do not add up to a bias.
+    """
+    scores = tl.where(live[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None]).to(tl.bfloat16).to(tl.float32)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _finish(m_i, l_i, out_scale):
+    """-> (the factor the accumulated output is multiplied by, lse in the natural log); 0 and -inf if l is 0."""
+    empty = l_i == 0.0
+    factor = tl.where(empty, 0.0, out_scale / tl.where(empty, 1.0, l_i))
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    return factor, lse
+
+
+@triton.jit
+def _nvfp4_decode_kernel(
+    q_ptr,
+    q_token_stride,
+    q_head_stride,
+    pool_ptr,
+    block_size,
+    pool_block_stride,
+    pool_row_stride,
+    num_pool_rows,
+    idx_ptr,
+    idx_row_stride,
+    topk,
+    rows_per_split,
+    num_heads,
+    qk_scale,
+    out_ptr,
+    out_token_stride,
+    out_head_stride,
+    lse_ptr,
+    part_ptr,
+    part_ml_ptr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
+):
+    token = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    head_live = heads < num_heads
+    half = tl.arange(0, 256)  # element pair j: elements 2j (even half) and 2j + 1 (odd half)
+    q_row = q_ptr + token.to(tl.int64) * q_token_stride + heads[:, None] * q_head_stride + 2 * half[None, :]
+    q_even = tl.load(q_row, mask=head_live[:, None], other=0.0)
+    q_odd = tl.load(q_row + 1, mask=head_live[:, None], other=0.0)
+
+    group = tl.arange(0, 32)
+    byte_index = group[:, None] * 8 + tl.arange(0, 8)[None, :]  # [32, 8]: byte j of the row holds pair j
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc_even = tl.zeros((BLOCK_H, 256), tl.float32)
+    acc_odd = tl.zeros((BLOCK_H, 256), tl.float32)
+    start = split * rows_per_split
+    end = tl.minimum(start + rows_per_split, topk)
+    idx_row = idx_ptr + token.to(tl.int64) * idx_row_stride
+    for k0 in range(start, end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        src = tl.load(idx_row + ks, mask=ks < end, other=-1).to(tl.int64)
+        live = src >= 0
+        # Clamp into the pool, as the gather does: a stray index never makes the kernel read outside it.
+        row = _pool_row(tl.maximum(tl.minimum(src, num_pool_rows - 1), 0), block_size, pool_block_stride,
+                        pool_row_stride)
+        codes = tl.load(pool_ptr + row[:, None, None] + byte_index[None], mask=live[:, None, None],
+                        other=0).to(tl.int32)  # [BLOCK_K, 32, 8]
+        scale_bytes = tl.load(pool_ptr + row[:, None] + 256 + group[None, :], mask=live[:, None], other=0)
+        # code * 2**-126 times scale * 2**100: value * 2**-26, exact in fp32 and in bf16 (at most 6 significant
+        # bits, far from either's subnormals), so the bf16 keys are the reference's keys exactly.
+        block_scale = (_e4m3_decode(scale_bytes.to(tl.int32)) * 1.2676506002282294e30)[:, :, None]
+        k_even = tl.reshape(_e2m1_decode(codes, 0) * block_scale, (BLOCK_K, 256)).to(tl.bfloat16)
+        k_odd = tl.reshape(_e2m1_decode(codes, 4) * block_scale, (BLOCK_K, 256)).to(tl.bfloat16)
+        scores = _dot(q_even, tl.trans(k_even), tl.zeros((BLOCK_H, BLOCK_K), tl.float32), TENSOR_CORES)
+        scores = _dot(q_odd, tl.trans(k_odd), scores, TENSOR_CORES) * qk_scale
+        p, alpha, m_i, l_i = _softmax_step(scores, live, m_i, l_i)
+        acc_even = _dot(p, k_even, acc_even * alpha[:, None], TENSOR_CORES)
+        acc_odd = _dot(p, k_odd, acc_odd * alpha[:, None], TENSOR_CORES)
+
+    if SPLIT:
+        # Partial state [T, H, splits]: the unnormalised output (in the rows' scale) and (m, l).
+        state = (token * num_heads + heads).to(tl.int64) * tl.num_programs(2) + split
+        part = part_ptr + state[:, None] * 512 + 2 * half[None, :]
+        tl.store(part, acc_even, mask=head_live[:, None])
+        tl.store(part + 1, acc_odd, mask=head_live[:, None])
+        tl.store(part_ml_ptr + state * 2, m_i, mask=head_live)
+        tl.store(part_ml_ptr + state * 2 + 1, l_i, mask=head_live)
+    else:
+        factor, lse = _finish(m_i, l_i, 67108864.0)
+        out = out_ptr + token.to(tl.int64) * out_token_stride + heads[:, None] * out_head_stride + 2 * half[None, :]
+        tl.store(out, (acc_even * factor[:, None]).to(out_ptr.dtype.element_ty), mask=head_live[:, None])
+        tl.store(out + 1, (acc_odd * factor[:, None]).to(out_ptr.dtype.element_ty), mask=head_live[:, None])
+        tl.store(lse_ptr + token * num_heads + heads, lse, mask=head_live)
+
+
+@triton.jit
+def _fp8_tile(fp8_ptr, entry, live, column, TILE: tl.constexpr):
+    """Tile TILE (elements 128 * TILE ...) of the selected fp8_ds_mla rows as bf16 [BLOCK_K, 128], exactly."""
+    values = tl.load(fp8_ptr + entry[:, None] * 656 + TILE * 128 + column[None, :], mask=live[:, None], other=0.0)
+    return values.to(tl.bfloat16)
+
+
+@triton.jit
+def _fp8_decode_kernel(
+    q_ptr,
+    q_token_stride,
+    q_head_stride,
+    fp8_ptr,
+    scale_ptr,
+    num_scratch_rows,
+    table_ptr,
+    table_row_stride,
+    topk,
+    rows_per_split,
+    num_heads,
+    qk_scale,
+    out_ptr,
+    out_token_stride,
+    out_head_stride,
+    lse_ptr,
+    part_ptr,
+    part_ml_ptr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
+):
+    """The fp8_ds_mla rows' tile scales are arbitrary fp32, so a key times its scale is not exact in bf16. The
+    kernel keeps the e4m3 values (exact in bf16) as the tensor-core operand and applies the scales outside the
+    products: to each tile's partial score, and to the weights of each tile's part of the output."""
+    token = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    head_live = heads < num_heads
+    column = tl.arange(0, 128)
+    q_row = q_ptr + token.to(tl.int64) * q_token_stride + heads[:, None] * q_head_stride + column[None, :]
+    q0 = tl.load(q_row, mask=head_live[:, None], other=0.0)
+    q1 = tl.load(q_row + 128, mask=head_live[:, None], other=0.0)
+    q2 = tl.load(q_row + 256, mask=head_live[:, None], other=0.0)
+    q3 = tl.load(q_row + 384, mask=head_live[:, None], other=0.0)
+
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc0 = tl.zeros((BLOCK_H, 128), tl.float32)
+    acc1 = tl.zeros((BLOCK_H, 128), tl.float32)
+    acc2 = tl.zeros((BLOCK_H, 128), tl.float32)
+    acc3 = tl.zeros((BLOCK_H, 128), tl.float32)
+    start = split * rows_per_split
+    end = tl.minimum(start + rows_per_split, topk)
+    table_row = table_ptr + token.to(tl.int64) * table_row_stride
+    for k0 in range(start, end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        entry = tl.load(table_row + ks, mask=ks < end, other=-1).to(tl.int64)
+        live = entry >= 0
+        entry = tl.maximum(tl.minimum(entry, num_scratch_rows - 1), 0)
+        # Bytes 0-511: e4m3 values; floats 128-131 of the row's 164: the tile scales. RoPE (zero) is not read.
+        k0_ = _fp8_tile(fp8_ptr, entry, live, column, 0)
+        k1_ = _fp8_tile(fp8_ptr, entry, live, column, 1)
+        k2_ = _fp8_tile(fp8_ptr, entry, live, column, 2)
+        k3_ = _fp8_tile(fp8_ptr, entry, live, column, 3)
+        scale_row = scale_ptr + entry * 164 + 128
+        s0 = tl.load(scale_row, mask=live, other=0.0)
+        s1 = tl.load(scale_row + 1, mask=live, other=0.0)
+        s2 = tl.load(scale_row + 2, mask=live, other=0.0)
+        s3 = tl.load(scale_row + 3, mask=live, other=0.0)
+        zero = tl.zeros((BLOCK_H, BLOCK_K), tl.float32)
+        scores = _dot(q0, tl.trans(k0_), zero, TENSOR_CORES) * s0[None, :]
+        scores += _dot(q1, tl.trans(k1_), zero, TENSOR_CORES) * s1[None, :]
+        scores += _dot(q2, tl.trans(k2_), zero, TENSOR_CORES) * s2[None, :]
+        scores += _dot(q3, tl.trans(k3_), zero, TENSOR_CORES) * s3[None, :]
+        p, alpha, m_i, l_i = _softmax_step(scores * qk_scale, live, m_i, l_i)
+        acc0 = _dot(p * s0[None, :], k0_, acc0 * alpha[:, None], TENSOR_CORES)
+        acc1 = _dot(p * s1[None, :], k1_, acc1 * alpha[:, None], TENSOR_CORES)
+        acc2 = _dot(p * s2[None, :], k2_, acc2 * alpha[:, None], TENSOR_CORES)
+        acc3 = _dot(p * s3[None, :], k3_, acc3 * alpha[:, None], TENSOR_CORES)
+
+    if SPLIT:
+        state = (token * num_heads + heads).to(tl.int64) * tl.num_programs(2) + split
+        part = part_ptr + state[:, None] * 512 + column[None, :]
+        tl.store(part, acc0, mask=head_live[:, None])
+        tl.store(part + 128, acc1, mask=head_live[:, None])
+        tl.store(part + 256, acc2, mask=head_live[:, None])
+        tl.store(part + 384, acc3, mask=head_live[:, None])
+        tl.store(part_ml_ptr + state * 2, m_i, mask=head_live)
+        tl.store(part_ml_ptr + state * 2 + 1, l_i, mask=head_live)
+    else:
+        factor, lse = _finish(m_i, l_i, 1.0)
+        out = out_ptr + token.to(tl.int64) * out_token_stride + heads[:, None] * out_head_stride + column[None, :]
+        dtype = out_ptr.dtype.element_ty
+        tl.store(out, (acc0 * factor[:, None]).to(dtype), mask=head_live[:, None])
+        tl.store(out + 128, (acc1 * factor[:, None]).to(dtype), mask=head_live[:, None])
+        tl.store(out + 256, (acc2 * factor[:, None]).to(dtype), mask=head_live[:, None])
+        tl.store(out + 384, (acc3 * factor[:, None]).to(dtype), mask=head_live[:, None])
+        tl.store(lse_ptr + token * num_heads + heads, lse, mask=head_live)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,
+    part_ml_ptr,
+    num_splits,
+    num_heads,
+    out_scale,
+    out_ptr,
+    out_token_stride,
+    out_head_stride,
+    lse_ptr,
+    SPLITS: tl.constexpr,
+):
+    """Merge the splits' partial states of one (token, head): weights 2**(m_s - max m), then as `_finish`."""
+    state = tl.program_id(0)
+    token = state // num_heads
+    head = state % num_heads
+    split = tl.arange(0, SPLITS)
+    base = state.to(tl.int64) * num_splits
+    m_s = tl.load(part_ml_ptr + (base + split) * 2, mask=split < num_splits, other=float("-inf"))
+    m_max = tl.max(m_s, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    column = tl.arange(0, 512)
+    merged = tl.zeros((512,), tl.float32)
+    total = m_safe * 0.0
+    for one in range(0, num_splits):
+        weight = tl.exp2(tl.load(part_ml_ptr + (base + one) * 2) - m_safe)
+        total += weight * tl.load(part_ml_ptr + (base + one) * 2 + 1)
+        merged += weight * tl.load(part_ptr + (base + one) * 512 + column)
+    factor, lse = _finish(m_safe, total, out_scale)
+    out = out_ptr + token.to(tl.int64) * out_token_stride + head * out_head_stride + column
+    tl.store(out, (merged * factor).to(out_ptr.dtype.element_ty))
+    tl.store(lse_ptr + state, lse)
+
+
+# (BLOCK_K rows per chunk, warps, pipeline stages) on a GPU; the head block is the heads rounded up to a power of
+# two, at least 16 (the tensor cores' smallest M) and at most 32 (registers). Not yet measured on a GPU: run
+# bench.py --sweep-attention there, which times the alternatives and benchmarks with the fastest.
+_GPU_ATTENTION = {"nvfp4": (32, 4, 2), "fp8": (32, 4, 2)}
+_INTERPRETER_ATTENTION = (64, 4, 1)
+# Flash-decode: the top-k is split until there are about this many programs per multiprocessor.
+_PROGRAMS_PER_SM = {"nvfp4": 2, "fp8": 2}
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _attention_plan(
+    kind: str, q: torch.Tensor, topk: int, splits: int | None, blocks: tuple[int, int, int, int] | None
+) -> tuple[int, int, int, int, int, int]:
+    """-> (BLOCK_H, BLOCK_K, warps, stages, splits, rows per split), from the shapes alone (never the data)."""
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    if blocks is not None:
+        block_h, block_k, warps, stages = blocks
+    else:
+        block_h = min(max(triton.next_power_of_2(num_heads), 16), 32)
+        block_k, warps, stages = _GPU_ATTENTION[kind] if q.device.type == "cuda" else _INTERPRETER_ATTENTION
+    chunks = max(triton.cdiv(topk, block_k), 1)
+    if splits is None:
+        # Flash-decode: split the top-k until there are _PROGRAMS_PER_SM programs per multiprocessor (one split on
+        # the interpreter, whose programs run one after another).
+        programs = num_tokens * triton.cdiv(num_heads, block_h)
+        if q.device.type == "cuda":
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            splits = triton.cdiv(_PROGRAMS_PER_SM[kind] * _multiprocessors(index), max(programs, 1))
+        else:
+            splits = 1
+    splits = min(max(splits, 1), chunks)
+    rows_per_split = triton.cdiv(chunks, splits) * block_k
+    return block_h, block_k, warps, stages, triton.cdiv(max(topk, 1), rows_per_split), rows_per_split
+
+
+def _check_query(q: torch.Tensor) -> None:
+    if (q.dim() != 3 or q.shape[2] not in (LATENT_DIM, LATENT_DIM + 64) or q.stride(2) != 1
+            or q.dtype not in (torch.bfloat16, torch.float16, torch.float32)):
+        raise ValueError(f"q is {tuple(q.shape)} {q.dtype} with strides {q.stride()}; expected [T, H, "
+                         f"{LATENT_DIM}] or [T, H, {LATENT_DIM + 64}] (bf16, fp16 or fp32) with unit last stride")
+
+
+def _attention(kernel, kind: str, q: torch.Tensor, source: tuple, idx: torch.Tensor, softmax_scale: float,
+               out_scale: float, out_dtype: torch.dtype, splits: int | None,
+               blocks: tuple[int, int, int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch one of the two decode kernels (and the combine when split); returns (out, lse)."""
+    _check_query(q)
+    _check_indices(idx)
+    if idx.shape[0] != q.shape[0] or (idx.shape[1] > 1 and idx.stride(1) != 1):
+        raise ValueError(f"indices are {tuple(idx.shape)} with strides {idx.stride()}; expected [{q.shape[0]}, K] "
+                         "with rows of consecutive entries")
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    topk = idx.shape[1]
+    out = torch.empty(num_tokens, num_heads, LATENT_DIM, dtype=out_dtype, device=q.device)
+    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
+    if num_tokens == 0 or num_heads == 0:
+        return out, lse
+    block_h, block_k, warps, stages, num_splits, rows_per_split = _attention_plan(kind, q, topk, splits, blocks)
+    split = num_splits > 1
+    # The partial states: a fresh allocation whose size depends on the shapes only (safe under graph capture).
+    part = torch.empty(num_tokens * num_heads * num_splits * LATENT_DIM if split else 1, dtype=torch.float32,
+                       device=q.device)
+    part_ml = torch.empty(num_tokens * num_heads * num_splits * 2 if split else 1, dtype=torch.float32,
+                          device=q.device)
+    kernel[(num_tokens, triton.cdiv(num_heads, block_h), num_splits)](
+        q, q.stride(0), q.stride(1),
+        *source,
+        idx, idx.stride(0), topk, rows_per_split, num_heads, softmax_scale * _LOG2E,
+        out, out.stride(0), out.stride(1), lse, part, part_ml,
+        BLOCK_H=block_h, BLOCK_K=block_k, SPLIT=split, TENSOR_CORES=q.device.type == "cuda",
+        num_warps=warps, num_stages=stages,
+    )
+    if split:
+        _combine_kernel[(num_tokens * num_heads,)](
+            part, part_ml, num_splits, num_heads, out_scale, out, out.stride(0), out.stride(1), lse,
+            SPLITS=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out, lse
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    splits: int | None = None,
+    blocks: tuple[int, int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse-MLA decode attention read straight from the 288-byte NVFP4 rows: no fp8 scratch is written.
+
+    q [T, H, 512] (or [T, H, 576], whose RoPE part meets the NoPE model's zero key and is not read), the pool
+    [num_blocks, block_size, 288] uint8 (any block and row strides), indices [T, K] int32 or int64 (negative =
+    padding; past the pool = its last row; any row stride, read in place). Returns (out [T, H, 512] out_dtype,
+    lse [T, H] fp32, natural log); a token whose entries are all padding gets out 0 and lse -inf.
+
+    Each selected row is read once per (token, block of heads) and dequantised in registers. No host sync and
+    no allocation whose size depends on the data: safe inside a captured CUDA graph (call once first, so Triton
+    has compiled it). `splits` (flash-decode) and `blocks` (BLOCK_H, BLOCK_K, warps, stages) override the plan.
+    """
+    _check_indices(indices)
+    geometry = _pool_args(pool)
+    q_scale = softmax_scale * _NVFP4_ROW_SCALE  # the kernel's rows are value * 2**-26
+    return _attention(_nvfp4_decode_kernel, "nvfp4", q, (pool, *geometry), indices, q_scale, _NVFP4_ROW_SCALE,
+                      out_dtype, splits, blocks)
+
+
+def sparse_mla_decode_fp8(
+    q: torch.Tensor,
+    scratch: torch.Tensor,
+    tables: torch.Tensor,
+    softmax_scale: float,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    splits: int | None = None,
+    blocks: tuple[int, int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same attention design over fp8_ds_mla scratch rows [P, 64, 656] through tables [T, K] (negative =
+    padding), as the gather leaves them: the second half of the baseline `gather` + attention.
+
+    Reads bytes 0-527 of each row (the e4m3 latent and the tile scales), not the zero RoPE region; the stock
+    kernel, which knows nothing of NoPE, reads all 656.
+    """
+    if scratch.dtype != torch.uint8 or not scratch.is_contiguous() or scratch.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+        raise ValueError(f"scratch is {tuple(scratch.shape)} {scratch.dtype}; expected contiguous [P, 64, 656] uint8")
+    rows = scratch.numel() // FP8_DS_MLA_ROW_BYTES
+    source = (scratch.view(torch.float8_e4m3fn), scratch.view(torch.float32), rows)
+    return _attention(_fp8_decode_kernel, "fp8", q, source, tables, softmax_scale, 1.0, out_dtype, splits, blocks)
+
+
+def gather_then_decode_fp8(
+    q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, softmax_scale: float, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The baseline: today's sync-free gather into fp8_ds_mla scratch, then `sparse_mla_decode_fp8`."""
+    scratch, tables = gather_sync_free(pool, indices)
+    return sparse_mla_decode_fp8(q, scratch, tables, softmax_scale, **kwargs)

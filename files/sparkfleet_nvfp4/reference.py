@@ -1,11 +1,15 @@
 """The NVFP4 KV-cache formats in plain PyTorch: the definition the Triton kernels are tested against.
 
+Also the attention the decode kernels compute: sparse-MLA decode over the selected rows, in fp32.
+
 Written for clarity, not speed; runs on the CPU or a GPU. Every rounding here is IEEE round-to-nearest-even:
 torch's cast to float8_e4m3fn for e4m3, and ties-to-even on the e2m1 grid (what the hardware's cvt.rn.e2m1x2
 does), so a value exactly between two e2m1 magnitudes goes to the one with an even index.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -136,3 +140,66 @@ def resolved(scratch: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     flat = scratch.reshape(-1, FP8_DS_MLA_ROW_BYTES)
     table = tables.reshape(-1).long()
     return torch.where((table >= 0)[:, None], flat[table.clamp(min=0)], 0)
+
+
+def fp8_ds_mla_decode(rows: torch.Tensor) -> torch.Tensor:
+    """[..., 656] uint8 fp8_ds_mla rows -> [..., 512] float32 latent: each e4m3 value times its tile's fp32 scale
+    (exact in fp32 up to the product's rounding). The RoPE region is not read: it is zero for a NoPE model."""
+    if rows.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+        raise ValueError(f"fp8_ds_mla rows have {rows.shape[-1]} bytes; expected {FP8_DS_MLA_ROW_BYTES}")
+    lead = rows.shape[:-1]
+    values = rows[..., :LATENT_DIM].contiguous().view(torch.float8_e4m3fn).float()
+    scale = rows[..., FP8_DS_MLA_SCALE_OFFSET : FP8_DS_MLA_SCALE_OFFSET + 16].contiguous().view(torch.float32)
+    tiles = values.reshape(*lead, FP8_DS_MLA_TILES, FP8_DS_MLA_TILE) * scale.unsqueeze(-1)
+    return tiles.reshape(*lead, LATENT_DIM)
+
+
+def sparse_mla_attention(
+    q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [T, H, D] over the rows kv [T, K, 512] (each token its own K rows) where valid [T, K].
+
+    D is 512, or 576 with the RoPE part last: GLM-5.3-Flash is NoPE (`qk_rope_head_dim` 0), so neither row
+    format stores a RoPE key (the 288-byte row has none, the fp8_ds_mla row zeros), and the query's RoPE part, if
+    passed, meets a zero key and adds nothing. Keys and values are the same latent rows, as in MLA.
+
+    Returns (out [T, H, 512] float32, lse [T, H] float32), lse the natural log of the sum of exp(scores). A token
+    with no valid row gets out 0 and lse -inf (the log of an empty sum), so that merging its state with another
+    attention state by lse gives it zero weight.
+    """
+    if q.dim() != 3 or q.shape[-1] not in (LATENT_DIM, LATENT_DIM + 64):
+        raise ValueError(f"q is {tuple(q.shape)}; expected [T, H, {LATENT_DIM}] or [T, H, {LATENT_DIM + 64}]")
+    query = q[..., :LATENT_DIM].float()
+    scores = torch.einsum("thd,tkd->thk", query, kv) * softmax_scale
+    scores = scores.masked_fill(~valid[:, None, :], -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    finite = torch.where(torch.isfinite(lse), lse, 0.0)
+    weights = torch.where(valid[:, None, :], torch.exp(scores - finite[..., None]), 0.0)
+    return torch.einsum("thk,tkd->thd", weights, kv), lse
+
+
+def selected_rows(pool: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool rows [T, K] top-k indices select, as [T, K, 288] bytes, and which entries are valid (>= 0).
+    Indices past the pool are clamped to its last row, as the gather does."""
+    block_size = pool.shape[1]
+    flat = indices.long()
+    src = flat.clamp(0, pool_rows(pool) - 1)
+    return pool[src // block_size, src % block_size], flat >= 0
+
+
+def sparse_mla_decode(
+    q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse-MLA decode straight from the NVFP4 pool: the rows [T, K] indices select (negative = padding,
+    past the pool = its last row), dequantised to fp32, then `sparse_mla_attention`. Everything in fp32."""
+    rows, valid = selected_rows(pool, indices)
+    return sparse_mla_attention(q, nvfp4_dequantize(rows), valid, softmax_scale)
+
+
+def sparse_mla_decode_fp8(
+    q: torch.Tensor, scratch: torch.Tensor, tables: torch.Tensor, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same attention over fp8_ds_mla scratch rows through tables [T, K] (negative = padding), as the stock
+    kernel would see them after the gather: the fp8 path's result, computed in fp32."""
+    rows = resolved(scratch, tables).reshape(*tables.shape, FP8_DS_MLA_ROW_BYTES)
+    return sparse_mla_attention(q, fp8_ds_mla_decode(rows), tables >= 0, softmax_scale)
