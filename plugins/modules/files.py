@@ -95,21 +95,15 @@ changed_paths:
 
 import base64
 import binascii
+import grp
 import os
+import pwd
+import re
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-DIFF_LIMIT = 262144  # bytes: a longer file is shown in a diff by its size, as Ansible's own max_diff_size does
-
-
-def read_bytes(path):
-    """The file's bytes, or None where there is no file."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
+DIFF_LIMIT = 104448  # bytes: a longer file is shown in a diff by its size (Ansible's own max_diff_size default)
 
 
 def text_for_diff(data):
@@ -123,65 +117,121 @@ def text_for_diff(data):
         return f"({len(data)} bytes of binary content)\n"
 
 
-def write_atomically(module, path, data):
-    """The bytes to a file beside path, then renamed over it (a reader sees the old file or the new one)."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as err:
-        os.unlink(temporary)
-        module.fail_json(msg=f"{path}: found writing it failing ({err}); expected a writable directory "
-                             f"{os.path.dirname(path)}; fix: check the node's disk and that directory")
-    module.atomic_move(temporary, path, unsafe_writes=False)
+class Installer:
+    """The entries, checked as a whole first (nothing is written while any is wrong), then made in order. Every
+    failure names the path and reports what was already changed."""
 
+    def __init__(self, module):
+        self.module = module
+        self.changed_paths, self.diffs, self.planned = [], [], set()
 
-def install(module, entry, diffs):
-    """Make one directory or file; whether it changed."""
-    path, state = entry["path"], entry["state"]
-    if not os.path.isabs(path):
-        module.fail_json(msg=f"{path}: path: found a relative path; expected an absolute one; fix: give the full path")
-    attributes = module.load_file_common_arguments(
-        {"path": path, "mode": entry["mode"], "owner": entry["owner"], "group": entry["group"]})
-    if state == "directory":
-        if os.path.exists(path) and not os.path.isdir(path):
-            module.fail_json(msg=f"{path}: found a file that is not a directory; expected a directory; fix: move "
-                                 "it away and run again")
-        if not os.path.isdir(path):
-            if module.check_mode:
-                diffs.append({"before_header": path, "after_header": path, "before": "", "after": "(directory)\n"})
-                return True
-            os.makedirs(path)
-            module.set_fs_attributes_if_different(attributes, True)
+    def fail(self, path, found, expected, fix):
+        self.module.fail_json(msg=f"{path}: found {found}; expected {expected}; fix: {fix}",
+                              changed=bool(self.changed_paths), changed_paths=self.changed_paths)
+
+    def check(self, entry):
+        """The entry's bytes (None for a directory), once its options are known to be right."""
+        path = entry["path"]
+        if not os.path.isabs(path):
+            self.fail(path, "a relative path", "an absolute one", "give the full path")
+        if not re.fullmatch(r"0?o?[0-7]{3,4}", str(entry["mode"])):
+            self.fail(path, f"mode {entry['mode']!r}", "an octal mode such as '0644'", "quote the mode in octal")
+        for kind, lookup in (("owner", pwd.getpwnam), ("group", grp.getgrnam)):
+            try:
+                lookup(entry[kind])
+            except KeyError:
+                if not self.module.check_mode:  # (in --check an earlier task may not have made the user yet)
+                    self.fail(path, f"{kind} {entry[kind]!r}, which this node does not know", f"an existing {kind}",
+                              f"create the {kind} first (or fix its name)")
+        if entry["state"] == "directory":
+            return None
+        if entry["content"] is None:
+            self.fail(path, "no content", "the file's bytes, base64-encoded",
+                      "give content (the b64encode filter over a template or file lookup)")
+        try:
+            return base64.b64decode(entry["content"], validate=True)
+        except (binascii.Error, ValueError) as err:
+            return self.fail(path, f"content that is not base64 ({err})", "the file's bytes, base64-encoded",
+                             "pass it through the b64encode filter")
+
+    def attributes(self, entry, path):
+        return self.module.load_file_common_arguments(
+            {"path": path, "mode": entry["mode"], "owner": entry["owner"], "group": entry["group"]})
+
+    def directory(self, entry):
+        """Make the directory (a symbolic link to one is followed, as the file module does); whether it changed."""
+        path = entry["path"]
+        self.planned.add(path)
+        if os.path.islink(path):
+            target = os.path.realpath(path)
+            if not os.path.isdir(target):
+                self.fail(path, f"a symbolic link to {target}, which is not a directory", "a directory",
+                          "point the link at a directory, or remove it")
+            return self.module.set_fs_attributes_if_different(self.attributes(entry, target), False)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            self.fail(path, "a file that is not a directory", "a directory", "move it away and run again")
+        if os.path.isdir(path):
+            return self.module.set_fs_attributes_if_different(self.attributes(entry, path), False)
+        if self.module._diff:  # pylint: disable=protected-access
+            self.diffs.append({"before_header": path, "after_header": path, "before": "", "after": "(directory)\n"})
+        if self.module.check_mode:
             return True
-        return module.set_fs_attributes_if_different(attributes, False)
-
-    if entry["content"] is None:
-        module.fail_json(msg=f"{path}: content: found nothing; expected the file's bytes, base64-encoded; fix: give "
-                             "content (the b64encode filter over a template or file lookup)")
-    try:
-        wanted = base64.b64decode(entry["content"], validate=True)
-    except (binascii.Error, ValueError) as err:
-        module.fail_json(msg=f"{path}: content: found text that is not base64 ({err}); expected the file's bytes, "
-                             "base64-encoded; fix: pass it through the b64encode filter")
-    if os.path.isdir(path):
-        module.fail_json(msg=f"{path}: found a directory; expected a file; fix: move it away and run again")
-    current = read_bytes(path)
-    if current == wanted:
-        return module.set_fs_attributes_if_different(attributes, False)
-    if module._diff:  # pylint: disable=protected-access
-        diffs.append({"before_header": path, "after_header": path, "before": text_for_diff(current),
-                      "after": text_for_diff(wanted)})
-    if module.check_mode:
+        try:
+            os.makedirs(path)
+        except OSError as err:
+            self.fail(path, f"making it failing ({err})", "a directory", "check the node's disk and the parents")
+        self.module.set_fs_attributes_if_different(self.attributes(entry, path), True)
         return True
-    if not os.path.isdir(os.path.dirname(path)):
-        module.fail_json(msg=f"{path}: found no directory {os.path.dirname(path)}; expected it to exist; fix: list "
-                             "the directory before the file (state: directory)")
-    write_atomically(module, path, wanted)
-    module.set_fs_attributes_if_different(attributes, True)
-    return True
+
+    def current(self, path):
+        """(the file's bytes or None where there is none, a word for what else is there or None)."""
+        if os.path.islink(path):
+            return None, f"(a symbolic link to {os.readlink(path)})\n"
+        if os.path.isdir(path):
+            self.fail(path, "a directory", "a file", "move it away and run again")
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(), None
+        except FileNotFoundError:
+            return None, None
+        except OSError as err:
+            return self.fail(path, f"reading it failing ({err})", "a readable file or none", "check the path")
+
+    def file(self, entry, wanted):
+        """Write the file where its bytes differ (a symbolic link is replaced, as copy does); whether it changed."""
+        path, parent = entry["path"], os.path.dirname(entry["path"])
+        current, other = self.current(path)
+        if current == wanted and other is None:
+            return self.module.set_fs_attributes_if_different(self.attributes(entry, path), False)
+        if not os.path.isdir(parent) and not (self.module.check_mode and parent in self.planned):
+            self.fail(path, f"no directory {parent}", "it to exist",
+                      "list the directory before the file (state: directory)")
+        if self.module._diff:  # pylint: disable=protected-access
+            self.diffs.append({"before_header": path, "after_header": path,
+                               "before": other or text_for_diff(current), "after": text_for_diff(wanted)})
+        if self.module.check_mode:
+            return True
+        try:
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=parent)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(wanted)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as err:
+            if "temporary" in locals() and os.path.exists(temporary):
+                os.unlink(temporary)
+            self.fail(path, f"writing it failing ({err})", f"a writable directory {parent}",
+                      "check the node's disk and that directory")
+        # the bytes beside it, then renamed over it: a reader sees the old file or the new one
+        self.module.atomic_move(temporary, path, unsafe_writes=False)
+        self.module.set_fs_attributes_if_different(self.attributes(entry, path), True)
+        return True
+
+    def run(self, entries):
+        contents = [self.check(entry) for entry in entries]
+        for entry, wanted in zip(entries, contents, strict=True):
+            if self.directory(entry) if entry["state"] == "directory" else self.file(entry, wanted):
+                self.changed_paths.append(entry["path"])
 
 
 def main():
@@ -195,13 +245,11 @@ def main():
             "group": {"type": "str", "default": "root"}}}},
         supports_check_mode=True,
     )
-    changed_paths, diffs = [], []
-    for entry in module.params["files"]:
-        if install(module, entry, diffs):
-            changed_paths.append(entry["path"])
-    result = {"changed": bool(changed_paths), "changed_paths": changed_paths}
-    if module._diff and diffs:  # pylint: disable=protected-access
-        result["diff"] = diffs
+    installer = Installer(module)
+    installer.run(module.params["files"])
+    result = {"changed": bool(installer.changed_paths), "changed_paths": installer.changed_paths}
+    if module._diff and installer.diffs:  # pylint: disable=protected-access
+        result["diff"] = installer.diffs
     module.exit_json(**result)
 
 

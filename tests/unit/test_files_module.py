@@ -10,8 +10,7 @@ import stat
 import subprocess
 import sys
 
-from conftest import ROOT
-from test_triage import module_env
+from conftest import ROOT, module_env
 
 OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
@@ -82,13 +81,23 @@ def test_check_mode_reports_what_would_change_and_writes_nothing_with_diffs(tmp_
     assert (where / "helper").read_text() == "#!/bin/sh\necho hi\n"
 
 
-def test_bad_entries_are_refused_in_one_line_naming_the_path(tmp_path):
+def test_bad_entries_are_refused_in_one_line_naming_the_path_before_anything_is_written(tmp_path):
     where, files = tree(tmp_path)
-    files[1]["content"] = "not base64!"
+    files[2]["content"] = "not base64!"
     result = run(tmp_path, files)
-    assert result["failed"] and result["msg"].startswith(f"{where / 'helper'}: content: found text that is not "
+    assert result["failed"] and result["msg"].startswith(f"{where / 'unit.service'}: found content that is not "
                                                          "base64"), result
-    assert "fix: pass it through the b64encode filter" in result["msg"]
+    assert result["msg"].endswith("fix: pass it through the b64encode filter")
+    assert not where.exists() and result["changed_paths"] == []  # the set is checked whole before any write
+    files[2]["content"], files[1]["owner"] = b64("[Unit]\n"), "no-such-user-here"
+    result = run(tmp_path, files)
+    assert result["msg"] == (f"{where / 'helper'}: found owner 'no-such-user-here', which this node does not know; "
+                             "expected an existing owner; fix: create the owner first (or fix its name)")
+    assert not where.exists()
+    files[1]["owner"], files[1]["mode"] = OWNER, "u+rwx"
+    result = run(tmp_path, files)
+    assert result["msg"] == (f"{where / 'helper'}: found mode 'u+rwx'; expected an octal mode such as '0644'; fix: "
+                             "quote the mode in octal")
     orphan = tmp_path / "no-such-dir" / "file"
     result = run(tmp_path, [{"path": str(orphan), "mode": "0644", "content": b64("x")}])
     assert result["failed"] and result["msg"] == (f"{orphan}: found no directory {orphan.parent}; expected it to "
@@ -97,4 +106,34 @@ def test_bad_entries_are_refused_in_one_line_naming_the_path(tmp_path):
     result = run(tmp_path, [{"path": str(tmp_path / "adir"), "mode": "0644", "content": b64("x")}])
     assert result["failed"] and result["msg"].startswith(f"{tmp_path / 'adir'}: found a directory; expected a file")
     result = run(tmp_path, [{"path": str(tmp_path / "nocontent"), "mode": "0644"}])
-    assert result["failed"] and "content: found nothing" in result["msg"]
+    assert result["failed"] and "found no content" in result["msg"]
+
+
+def test_a_failure_part_way_reports_what_was_already_changed(tmp_path):
+    where, files = tree(tmp_path)
+    (tmp_path / "tree").mkdir()
+    (where / "unit.service").mkdir()  # a directory where the second file goes: found only when it is reached
+    result = run(tmp_path, files)
+    assert result["failed"] and result["changed_paths"] == [str(where), str(where / "helper")]
+    assert result["changed"] is True and (where / "helper").exists()
+
+
+def test_symbolic_links_a_directory_is_followed_a_file_replaced_a_dangling_one_refused(tmp_path):
+    real = tmp_path / "data"
+    real.mkdir(mode=0o700)
+    os.chmod(real, 0o700)
+    (tmp_path / "state").symlink_to(real)
+    result = run(tmp_path, [{"path": str(tmp_path / "state"), "state": "directory", "mode": "0755"}])
+    assert result["changed_paths"] == [str(tmp_path / "state")]
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o755 and os.path.islink(tmp_path / "state")
+    target = tmp_path / "elsewhere"
+    target.write_text("same\n")
+    (tmp_path / "conf").symlink_to(target)
+    result = run(tmp_path, [{"path": str(tmp_path / "conf"), "mode": "0644", "content": b64("same\n")}], diff=True)
+    assert result["changed_paths"] == [str(tmp_path / "conf")]
+    assert not os.path.islink(tmp_path / "conf") and target.read_text() == "same\n"
+    assert result["diff"][0]["before"] == f"(a symbolic link to {target})\n"
+    (tmp_path / "gone").symlink_to(tmp_path / "missing")
+    result = run(tmp_path, [{"path": str(tmp_path / "gone"), "state": "directory", "mode": "0755"}])
+    assert result["msg"] == (f"{tmp_path / 'gone'}: found a symbolic link to {tmp_path / 'missing'}, which is not a "
+                             "directory; expected a directory; fix: point the link at a directory, or remove it")

@@ -10,9 +10,8 @@ import sys
 import tarfile
 import time
 
-import ansible
 import pytest
-from conftest import ROOT
+from conftest import ROOT, module_env
 
 from ansible_collections.sparkfleet.cluster.plugins.module_utils import triage
 from ansible_collections.sparkfleet.cluster.plugins.module_utils.redaction import REDACTED, Redactor, harvest
@@ -435,15 +434,6 @@ def test_run_capped_keeps_the_tail_and_the_matching_lines_of_a_real_command():
     slow = triage.run_capped([sys.executable, "-c", "import time; print('x', flush=True); time.sleep(30)"], 100, 1)
     assert slow.rc is None and "did not finish within 1 s" in slow.why and slow.data == b"x\n"
     assert triage.run_capped(["no-such-program-here"], 10, 1).not_found
-
-
-def module_env():
-    """The environment a module runs in as a script: the collections root this test imports the collection from
-    (a checkout's collections/ under pytest, ansible-test's own copy under ansible-test units)."""
-    package = os.path.abspath(triage.__file__)
-    paths = [package[:package.rindex("/ansible_collections/")], os.path.dirname(os.path.dirname(ansible.__file__)),
-             os.environ.get("PYTHONPATH", "")]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in paths if path))
 
 
 def test_the_module_collects_on_this_machine_and_changes_nothing(tmp_path):
