@@ -123,7 +123,7 @@ class Installer:
 
     def __init__(self, module):
         self.module = module
-        self.changed_paths, self.diffs, self.planned = [], [], set()
+        self.changed_paths, self.diffs = [], []
 
     def fail(self, path, found, expected, fix):
         self.module.fail_json(msg=f"{path}: found {found}; expected {expected}; fix: {fix}",
@@ -161,7 +161,6 @@ class Installer:
     def directory(self, entry):
         """Make the directory (a symbolic link to one is followed, as the file module does); whether it changed."""
         path = entry["path"]
-        self.planned.add(path)
         if os.path.islink(path):
             target = os.path.realpath(path)
             if not os.path.isdir(target):
@@ -203,7 +202,8 @@ class Installer:
         current, other = self.current(path)
         if current == wanted and other is None:
             return self.module.set_fs_attributes_if_different(self.attributes(entry, path), False)
-        if not os.path.isdir(parent) and not (self.module.check_mode and parent in self.planned):
+        # (in --check a directory this run or an earlier task would make may not exist yet)
+        if not os.path.isdir(parent) and not self.module.check_mode:
             self.fail(path, f"no directory {parent}", "it to exist",
                       "list the directory before the file (state: directory)")
         if self.module._diff:  # pylint: disable=protected-access

@@ -102,6 +102,9 @@ def test_bad_entries_are_refused_in_one_line_naming_the_path_before_anything_is_
     result = run(tmp_path, [{"path": str(orphan), "mode": "0644", "content": b64("x")}])
     assert result["failed"] and result["msg"] == (f"{orphan}: found no directory {orphan.parent}; expected it to "
                                                   "exist; fix: list the directory before the file (state: directory)")
+    # in --check an earlier task (or this one) may be what makes the directory: the file would be written
+    checked = run(tmp_path, [{"path": str(orphan), "mode": "0644", "content": b64("x")}], check=True)
+    assert checked["changed_paths"] == [str(orphan)] and not orphan.parent.exists()
     (tmp_path / "adir").mkdir()
     result = run(tmp_path, [{"path": str(tmp_path / "adir"), "mode": "0644", "content": b64("x")}])
     assert result["failed"] and result["msg"].startswith(f"{tmp_path / 'adir'}: found a directory; expected a file")
