@@ -211,6 +211,7 @@ class Installer:
                                "before": other or text_for_diff(current), "after": text_for_diff(wanted)})
         if self.module.check_mode:
             return True
+        temporary = None
         try:
             descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=parent)
             with os.fdopen(descriptor, "wb") as handle:
@@ -218,7 +219,7 @@ class Installer:
                 handle.flush()
                 os.fsync(handle.fileno())
         except OSError as err:
-            if "temporary" in locals() and os.path.exists(temporary):
+            if temporary and os.path.exists(temporary):
                 os.unlink(temporary)
             self.fail(path, f"writing it failing ({err})", f"a writable directory {parent}",
                       "check the node's disk and that directory")

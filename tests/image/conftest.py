@@ -131,6 +131,22 @@ def second_engine(debian_image):
     import shutil as _shutil
     import time
 
+    # A session killed before its end leaves this engine's storage (and maybe the engine) behind, its images
+    # half-written: the engine starts from empty storage every time.
+    stale = os.path.join(SECOND_ENGINE_DIR, "pid")
+    try:
+        with open(stale, encoding="ascii") as handle:
+            pid = int(handle.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if SECOND_ENGINE_DATA.encode() in handle.read():  # that engine, not a PID reused since
+                os.kill(pid, 15)
+                for _tick in range(60):
+                    if not os.path.exists(f"/proc/{pid}"):
+                        break
+                    time.sleep(1)
+    except (OSError, ValueError):
+        pass
+    _shutil.rmtree(SECOND_ENGINE_DATA, ignore_errors=True)
     os.makedirs(SECOND_ENGINE_DIR, exist_ok=True)
     config = os.path.join(SECOND_ENGINE_DIR, "daemon.json")
     with open(config, "w", encoding="utf-8") as handle:
