@@ -90,6 +90,12 @@ changed_paths:
   returned: always
   type: list
   elements: str
+  sample: [/usr/local/libexec/sparkfleet, /etc/systemd/system/helper.service]
+changed_files:
+  description: The files (not the directories) among RV(changed_paths), for what restarts only on a file's change.
+  returned: always
+  type: list
+  elements: str
   sample: [/etc/systemd/system/helper.service]
 """
 
@@ -123,7 +129,7 @@ class Installer:
 
     def __init__(self, module):
         self.module = module
-        self.changed_paths, self.diffs = [], []
+        self.changed_paths, self.changed_files, self.diffs = [], [], []
 
     def fail(self, path, found, expected, fix):
         self.module.fail_json(msg=f"{path}: found {found}; expected {expected}; fix: {fix}",
@@ -231,8 +237,12 @@ class Installer:
     def run(self, entries):
         contents = [self.check(entry) for entry in entries]
         for entry, wanted in zip(entries, contents, strict=True):
-            if self.directory(entry) if entry["state"] == "directory" else self.file(entry, wanted):
+            if entry["state"] == "directory":
+                if self.directory(entry):
+                    self.changed_paths.append(entry["path"])
+            elif self.file(entry, wanted):
                 self.changed_paths.append(entry["path"])
+                self.changed_files.append(entry["path"])
 
 
 def main():
@@ -248,7 +258,8 @@ def main():
     )
     installer = Installer(module)
     installer.run(module.params["files"])
-    result = {"changed": bool(installer.changed_paths), "changed_paths": installer.changed_paths}
+    result = {"changed": bool(installer.changed_paths), "changed_paths": installer.changed_paths,
+              "changed_files": installer.changed_files}
     if module._diff and installer.diffs:  # pylint: disable=protected-access
         result["diff"] = installer.diffs
     module.exit_json(**result)

@@ -43,12 +43,16 @@ def test_a_set_is_installed_once_and_a_second_run_changes_nothing(tmp_path):
     first = run(tmp_path, files)
     assert not first.get("failed"), first
     assert first["changed"] and first["changed_paths"] == [entry["path"] for entry in files]
+    assert first["changed_files"] == [entry["path"] for entry in files[1:]]  # the directory is not a file
     assert (where / "helper").read_text() == "#!/bin/sh\necho hi\n" and (where / "empty").read_bytes() == b""
     assert stat.S_IMODE(os.stat(where).st_mode) == 0o750
     assert stat.S_IMODE(os.stat(where / "helper").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(where / "unit.service").st_mode) == 0o644
     second = run(tmp_path, files)
-    assert second["changed"] is False and second["changed_paths"] == []
+    assert second["changed"] is False and second["changed_paths"] == [] and second["changed_files"] == []
+    os.chmod(where, 0o700)  # a directory's change alone is no file's change
+    third = run(tmp_path, files)
+    assert third["changed_paths"] == [str(where)] and third["changed_files"] == []
     assert sorted(os.listdir(where)) == ["empty", "helper", "unit.service"]  # no temporary file left behind
 
 
