@@ -1,6 +1,7 @@
 """GPU validation and benchmark of the NVFP4 KV-cache kernels.
 
     PYTHONPATH=files python -m sparkfleet_nvfp4.bench [--sweep] [--json FILE]
+    PYTHONPATH=files python -m sparkfleet_nvfp4.bench --union --write-duplicates   # issue #23, items 4 and 5
 
 Validation (exit 1 on any failure): kernel == reference byte for byte (write in three input dtypes and on a
 strided pool; gather on both paths, with padding, out-of-range indices, zero and extreme rows), the sync-free path
@@ -22,6 +23,7 @@ import math
 import os
 import statistics
 import sys
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -131,22 +133,72 @@ def validate(device: str) -> list[str]:
         want = reference.resolved(*reference.gather(pool, idx))
         dedup = reference.resolved(*kernels.gather_dedup(pool, idx))
         checks.check(f"gather dedup     T={tokens} K=2048", torch.equal(dedup, want), difference(dedup, want))
+        scratch, tables = kernels.gather_union(pool, idx)
+        union = reference.resolved(scratch, tables)
+        ok = torch.equal(union, want) and torch.equal(tables, reference.union(pool, idx)[1])
+        checks.check(f"gather union     T={tokens} K=2048 (sort-free)", ok, difference(union, want))
         if tokens <= kernels.SYNC_FREE.max_tokens:
             scratch, tables = kernels.gather_sync_free(pool, idx)
             got = reference.resolved(scratch, tables)
             ok = torch.equal(got, want) and torch.equal(tables < 0, idx < 0)
             checks.check(f"gather sync-free T={tokens} K=2048", ok, difference(got, want))
 
+    print("duplicate slots in one write: the last token's whole row (reference.write)")
+    for tokens, duplicates in ((64, None), (2048, None), (65536, None), (2048, "scan"), (64, "claim")):
+        latent = random_latent(tokens, torch.bfloat16, device)
+        slots = torch.randint(0, max(tokens // 8, 2), (tokens,), device=device) * 7
+        slots[3::11] = -1
+        pool_k = new_pool(gen_rows, device)
+        pool_r = pool_k.clone()
+        kernels.write(latent, slots, pool_k, duplicates=duplicates)
+        reference.write(latent, slots, pool_r)
+        checks.check(f"write T={tokens} into {tokens // 8} slots x 7, duplicates={duplicates or 'default'}",
+                     torch.equal(pool_k, pool_r), difference(pool_k, pool_r))
+    torn, slots_hit = torn_rows_unchecked(device)
+    print(f"  (info) the unchecked write, 65536 tokens into {slots_hit} slots: {torn} slots hold no single token's "
+          "whole row")
+    checks.check("claim map back to -1 after the writes",
+                 bool((kernels.WRITE_WINNERS.get(gen_rows, torch.device(device)) == -1).all()))
+
+    print("scale bytes 0x80 and 0x00 (e4m3 -0, +0) in never-written rows: +0 everywhere (fp8 byte 0x00)")
+    # As tests/kernels/test_nvfp4.py's test_a_never_written_row_with_scale_byte_0x80_...: random codes (sign bits
+    # included) under zero scales of both signs, whole rows of them and blocks among live ones; bytes compared.
+    pool80 = new_pool(4096, device)
+    pool80[..., 256:] = torch.randint(0x08, 0x60, pool80[..., 256:].shape, device=device, dtype=torch.uint8)
+    pool80[:16, :, 256:] = 0x80
+    pool80[16:32, :, 256:] = 0x00
+    pool80[32:, :, 256::3] = 0x80
+    pool80[32:, :, 257::5] = 0x00
+    idx = random_indices(64, 2048, 4096, device, padding=True)
+    want = reference.resolved(*reference.gather(pool80, idx))
+    flat = idx.reshape(-1).long()
+    src = flat.clamp(0, 4095)
+    zero = ((pool80.view(-1, NVFP4_ROW_BYTES)[src, 256:] & 0x7F) == 0) & (flat >= 0)[:, None]  # [entries, 32]
+    checks.check("reference: zero-scaled blocks are fp8 byte 0x00 throughout",
+                 bool(zero.any()) and not want[:, :512].reshape(-1, 32, 16)[zero].any())
+    for name, result in (("sync-free", kernels.gather_sync_free(pool80, idx)),
+                         ("dedup", kernels.gather_dedup(pool80, idx)), ("union", kernels.gather_union(pool80, idx))):
+        got = reference.resolved(*result)
+        checks.check(f"gather {name} of 0x80/0x00-scaled rows == reference", torch.equal(got, want),
+                     difference(got, want))
+    q = torch.randn(8, 16, LATENT_DIM, device=device, dtype=torch.bfloat16)
+    zero_idx = torch.arange(8 * 64, device=device, dtype=torch.int32).view(8, 64) % 2048  # rows of zero scales
+    out, lse = kernels.sparse_mla_decode(q, pool80, zero_idx, ATTENTION_SCALE, out_dtype=torch.float32)
+    checks.check("fused decode over zero-scaled rows: zero keys (out 0, lse log 64)",
+                 bool((out == 0).all()) and bool(((lse - math.log(64)).abs() <= LSE_BOUND).all()))
+
     print("no host synchronisation on the sync-free path")
     latent = random_latent(64, torch.bfloat16, device)
     slots = torch.randperm(gen_rows, device=device)[:64]
     idx = random_indices(64, 2048, gen_rows, device, padding=True)
     kernels.write(latent, slots, pool)
+    kernels.write(latent, slots, pool, duplicates="claim")
     kernels.gather_sync_free(pool, idx)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         kernels.write(latent, slots, pool)
+        kernels.write(latent, slots, pool, duplicates="claim")
         kernels.gather_sync_free(pool, idx)
         synced = ""
     except RuntimeError as exc:
@@ -158,8 +210,13 @@ def validate(device: str) -> list[str]:
         dedup_synced = True
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    checks.check("write + sync-free gather under set_sync_debug_mode('error')", not synced, synced)
+    checks.check("write (scan and claim) + sync-free gather under set_sync_debug_mode('error')", not synced, synced)
     checks.check("the check is live: the dedup path (torch.unique) is caught by it", dedup_synced)
+    idx_big = random_indices(2048, 2048, gen_rows, device, padding=True)
+    union_syncs = count_syncs(lambda: kernels.gather_union(pool, idx_big))
+    dedup_syncs = count_syncs(lambda: kernels.gather_dedup(pool, idx_big))
+    checks.check(f"union: {union_syncs} host synchronisation(s) (at most 1); dedup has {dedup_syncs}",
+                 union_syncs == 1)
 
     print("CUDA graph capture and replay")
     static_latent = latent.clone()
@@ -187,7 +244,57 @@ def validate(device: str) -> list[str]:
         ok = torch.equal(graph_pool, want_pool) and torch.equal(
             reference.resolved(out_scratch, out_tables), reference.resolved(*reference.gather(want_pool, static_idx)))
         checks.check(f"graph replay {replay + 1} on new inputs == reference", ok)
+
+    print("CUDA graph: the claim write with duplicate slots")
+    dup_latent = random_latent(4096, torch.bfloat16, device)
+    dup_slots = torch.randint(0, 512, (4096,), device=device)
+    with torch.cuda.stream(stream):
+        kernels.write(dup_latent, dup_slots, graph_pool, duplicates="claim")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.write(dup_latent, dup_slots, graph_pool, duplicates="claim")
+    for replay in range(3):
+        dup_latent.copy_(random_latent(4096, torch.bfloat16, device))
+        dup_slots.copy_(torch.randint(0, 512, (4096,), device=device) * (replay + 1))
+        want_pool = graph_pool.clone()
+        reference.write(dup_latent, dup_slots, want_pool)
+        graph.replay()
+        torch.cuda.synchronize()
+        checks.check(f"claim-write graph replay {replay + 1} on new duplicate slots == reference",
+                     torch.equal(graph_pool, want_pool))
     return checks.failed
+
+
+def torn_rows_unchecked(device: str) -> tuple[int, int]:
+    """The hazard the rule removes, shown: 65536 tokens into 512 slots with the unchecked write. -> (slots whose
+    row equals none of its tokens' own rows, slots written)."""
+    tokens, distinct = 65536, 512
+    latent = random_latent(tokens, torch.bfloat16, device, extremes=False)
+    slots = torch.randint(0, distinct, (tokens,), device=device)
+    pool = torch.zeros(distinct // BLOCK_SIZE, BLOCK_SIZE, NVFP4_ROW_BYTES, dtype=torch.uint8, device=device)
+    kernels.write(latent, slots, pool, duplicates="unchecked")
+    own = reference.nvfp4_quantize(latent)
+    rows = pool.view(-1, NVFP4_ROW_BYTES)
+    whole = (rows[slots] == own).all(dim=1).to(torch.int32)
+    matched = torch.zeros(distinct, dtype=torch.int32, device=device).index_add_(0, slots, whole)
+    hit = torch.zeros(distinct, dtype=torch.bool, device=device)
+    hit[slots] = True
+    return int((hit & (matched == 0)).sum()), int(hit.sum())
+
+
+def count_syncs(call: Callable[[], object]) -> int:
+    """How many host synchronisations one call makes (after a warm-up call), by set_sync_debug_mode('warn')."""
+    call()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def attention_case(pool: torch.Tensor, tokens: int, heads: int, topk: int, device: str, seed: int,
@@ -550,6 +657,88 @@ def print_attention(summaries: list[dict]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+UNION_GOAL_GB10_MS = 2.8  # issue #23, item 4: the prefill union at 2048 x 2048, projected on a GB10
+
+
+def union_bench(args: argparse.Namespace, device: str) -> list[dict]:
+    """The prefill union, old (gather_dedup: torch.unique) against new (gather_union: mark and prefix sum), side
+    by side and eager (both synchronise), on the same 4 rotated inputs; and the expansion alone (gather_rows of
+    the union into a ready scratch), the part both share. Bytes as the prefill case counts them: the indices read
+    and the tables written once, each union row read (288) and written (656) once."""
+    bench = Bench(args, device)
+    n = 4
+    pools = bench.filled_pools(n)
+    runs = max(args.runs // 4, 10)
+    rows_out = []
+    for tokens in args.union_tokens:
+        idx = [random_indices(tokens, args.topk, args.pool_rows, device, False) for _i in range(n)]
+        unions = [reference.union(pools[i], idx[i])[0].to(torch.int32) for i in range(n)]
+        union = statistics.mean(u.numel() for u in unions)
+        nbytes = int(idx[0].numel() * (4 + 4) + union * (NVFP4_ROW_BYTES + FP8_DS_MLA_ROW_BYTES))
+        scratches = [kernels.new_scratch(u.numel(), device, zero_rope=False) for u in unions]
+        old_ms = median_eager_ms([lambda p=p, x=x: kernels.gather_dedup(p, x) for p, x in zip(pools, idx, strict=True)],
+                                 runs, 3)
+        new_ms = median_eager_ms([lambda p=p, x=x: kernels.gather_union(p, x) for p, x in zip(pools, idx, strict=True)],
+                                 runs, 3)
+        expand_ms = median_eager_ms([lambda p=p, u=u, o=o: kernels.gather_rows(p, u, o, None, zero_rope=True)
+                                     for p, u, o in zip(pools, unions, scratches, strict=True)], runs, 3)
+        label = f"{tokens} x {args.topk}, {union / 1e3:.1f}K rows"
+        old = bench.report(f"union old (torch.unique) {label}", old_ms, nbytes, old_ms)
+        new = bench.report(f"union new (mark + prefix sum) {label}", new_ms, nbytes, old_ms)
+        expand = bench.report(f"expansion alone {label}", expand_ms,
+                              int(union * (NVFP4_ROW_BYTES + FP8_DS_MLA_ROW_BYTES)), old_ms)
+        rows_out.append({"tokens": tokens, "topk": args.topk, "union_rows": union, "old": old, "new": new,
+                         "expand": expand})
+    print(f"\nprefill union, old vs new (eager, median of {runs}; GB10 = bytes / 273 GB/s / ratio to a same-size "
+          f"copy on this GPU; goal at 2048 x {args.topk}: GB10 <= {UNION_GOAL_GB10_MS} ms)")
+    header = ("case", "ms", "MB", "GB/s", "copy GB/s", "ratio", "GB10 ms", "old / this")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows_out:
+        for key in ("old", "new", "expand"):
+            x = r[key]
+            print("| " + " | ".join((x["case"], f"{x['ms']:.4f}", f"{x['bytes'] / 1e6:.1f}",
+                                     f"{x['bandwidth'] / 1e9:.0f}", f"{x['copy_bandwidth'] / 1e9:.0f}",
+                                     f"{x['ratio']:.1%}", f"{x['gb10_ms']:.3f}", f"{x['speedup']:.2f}x")) + " |")
+    for r in rows_out:
+        if r["tokens"] == 2048:
+            met = r["new"]["gb10_ms"] <= UNION_GOAL_GB10_MS
+            print(f"union goal at 2048 x {r['topk']}: GB10 {r['new']['gb10_ms']:.3f} ms (old {r['old']['gb10_ms']:.3f})"
+                  f" against <= {UNION_GOAL_GB10_MS}: {'met' if met else 'missed'}")
+    return rows_out
+
+
+def write_duplicates_bench(args: argparse.Namespace, device: str) -> list[dict]:
+    """The write's duplicate rule, priced: the same bf16 write (distinct slots, as vLLM's steps have) with no
+    check ("unchecked", the kernel before the rule), with the in-kernel scan of the later tokens' slots, and with
+    the claim pass plus slot map; graph replays, as vLLM runs the write."""
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    out = []
+    print("\nwrite with duplicate-slot handling (ms per call, graph replays; distinct slots)")
+    header = ("tokens", "unchecked", "scan", "claim", "default", "default / unchecked")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for tokens in args.dup_write_tokens:
+        pool_rows = max(args.pool_rows, tokens)
+        n = min(rotations_for(tokens * (2 * LATENT_DIM + 8 + NVFP4_ROW_BYTES), l2), 32)
+        pools = [new_pool(pool_rows, device) for _i in range(n)]
+        latents = [random_latent(tokens, torch.bfloat16, device, extremes=False) for _i in range(n)]
+        slots = [torch.randperm(pool_rows, device=device)[:tokens] for _i in range(n)]
+        sets = list(zip(latents, slots, pools, strict=True))
+        times = {}
+        for method in ("unchecked", "scan", "claim"):
+            if method == "scan" and tokens > 8192:
+                continue
+            times[method] = median_graph_ms([lambda x=x, s=s, p=p, m=method: kernels.write(x, s, p, duplicates=m)
+                                             for x, s, p in sets], args.runs, args.warmup)
+        default = "scan" if tokens <= kernels.WRITE_SCAN_MAX_TOKENS else "claim"
+        cells = (str(tokens), *(f"{times[m]:.4f}" if m in times else "-" for m in ("unchecked", "scan", "claim")),
+                 f"{default} {times[default]:.4f}", f"{times[default] / times['unchecked']:.2f}")
+        print("| " + " | ".join(cells) + " |", flush=True)
+        out.append({"tokens": tokens, **times, "default": default})
+    return out
+
+
 def benchmark(args: argparse.Namespace, device: str) -> Bench:
     bench = Bench(args, device)
     for tokens in args.attention_tokens:
@@ -629,6 +818,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-validation", action="store_true")
     parser.add_argument("--validate-only", action="store_true",
                         help="the validation alone, no benchmark (the image's self-test); exit 1 when it fails")
+    parser.add_argument("--union", action="store_true",
+                        help="issue #23 item 4: validate, then time the prefill union old vs new (not the rest)")
+    parser.add_argument("--union-tokens", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--write-duplicates", action="store_true",
+                        help="issue #23 item 5: validate, then time the write's duplicate handling (not the rest)")
+    parser.add_argument("--dup-write-tokens", type=int, nargs="+",
+                        default=[64, 192, 512, 1024, 2048, 8192, 65536])
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -644,7 +840,8 @@ def main(argv: list[str] | None = None) -> int:
         sweep(args, device)
         return 0
     failed = []
-    if not args.skip_validation:
+    focused = args.union or args.write_duplicates
+    if not args.skip_validation and not focused:
         failed += validate_attention(device)
     if not args.skip_validation and not args.attention_only:
         print("== kernels with the GPU's fp8 conversion (how they run in the image)")
@@ -657,6 +854,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate_only:
         print(f"validation: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
         return 1 if failed or args.skip_validation else 0
+    if focused:
+        figures = {}
+        if args.write_duplicates:
+            figures["write_duplicates"] = write_duplicates_bench(args, device)
+        if args.union:
+            figures["union"] = union_bench(args, device)
+        print(f"validation: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"device": props.name, "failed": failed, **figures}, fh, indent=2, default=str)
+        return 1 if failed else 0
     if args.sweep_attention:
         attention_sweep(args, device)
     bench = benchmark(args, device)

@@ -34,12 +34,17 @@ from .layout import (
 
 @triton.jit
 def _e4m3_decode(byte):
-    """int32 holding an e4m3 byte -> its fp32 value."""
+    """int32 holding an e4m3 byte -> its fp32 value (0x80 is -0, as torch's float8_e4m3fn decodes it).
+
+    The sign is set as a bit, not by negating: Triton before triton-lang/triton#10270 (3.6, the GPU image's)
+    emits a float's unary minus as 0.0 - x, which leaves +0 at +0, where 3.9 (the interpreter's venv) emits an
+    IEEE negation; a bit is the same on every version.
+    """
     exponent = (byte >> 3) & 15
     mantissa = byte & 7
     normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
-    return tl.where((byte & 128) != 0, -value, value)
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
+    return (magnitude.to(tl.int32, bitcast=True) | ((byte & 128) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -139,6 +144,19 @@ def _pool_row(row, block_size, pool_block_stride, pool_row_stride):
 
 
 @triton.jit
+def _claim_kernel(slot_ptr, winner_ptr, num_pool_rows, num_tokens, BLOCK_T: tl.constexpr):
+    """The first pass of the claim write: winner[slot] = the largest token index naming that slot.
+
+    winner is the persistent slot map (`WriteWinners`), -1 everywhere between writes: the write kernel that
+    follows resets every entry this pass raised."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tokens < num_tokens
+    slot = tl.load(slot_ptr + tokens, mask=in_range, other=-1).to(tl.int64)
+    live = in_range & (slot >= 0) & (slot < num_pool_rows)
+    tl.atomic_max(winner_ptr + tl.where(live, slot, 0), tokens, mask=live)
+
+
+@triton.jit
 def _write_kernel(
     x_ptr,
     x_row_stride,
@@ -149,15 +167,31 @@ def _write_kernel(
     pool_row_stride,
     num_pool_rows,
     num_tokens,
+    winner_ptr,
     BLOCK_T: tl.constexpr,
     X_KIND: tl.constexpr,
     HW: tl.constexpr,
+    DUPLICATES: tl.constexpr,
+    SCAN_BLOCK: tl.constexpr,
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < num_tokens
     slot = tl.load(slot_ptr + tokens, mask=in_range, other=-1).to(tl.int64)
     # A slot past the pool is skipped like a negative one: the kernel never writes outside the pool.
     live = in_range & (slot >= 0) & (slot < num_pool_rows)
+    # Duplicate slots: only the last token of the batch that names a slot writes it, so the row holds that token's
+    # codes and scales (two writers of one row would interleave their two stores). See `write`.
+    if DUPLICATES == 1:  # scan: is the slot named by a later token? The tokens after this block, read in chunks.
+        later = tl.zeros((BLOCK_T,), tl.int32)
+        for start in range(tl.program_id(0) * BLOCK_T + 1, num_tokens, SCAN_BLOCK):
+            others = start + tl.arange(0, SCAN_BLOCK)
+            other_slot = tl.load(slot_ptr + others, mask=others < num_tokens, other=-1).to(tl.int64)
+            match = (other_slot[None, :] == slot[:, None]) & (others[None, :] > tokens[:, None])
+            later = tl.maximum(later, tl.max(match.to(tl.int32), axis=1))
+        live = live & (later == 0)
+    elif DUPLICATES == 2:  # claim: _claim_kernel left the slot's last token in the slot map
+        winner = tl.load(winner_ptr + tl.where(live, slot, 0), mask=live, other=-1)
+        live = live & (winner == tokens)
     group = tl.arange(0, 32)
     pair = group[:, None] * 8 + tl.arange(0, 8)[None, :]  # [32, 8]: output byte j holds elements 2j and 2j+1
     live3 = live[:, None, None]
@@ -189,6 +223,10 @@ def _write_kernel(
     row = _pool_row(slot, block_size, pool_block_stride, pool_row_stride)
     tl.store(pool_ptr + row[:, None, None] + pair[None, :, :], packed, mask=live3)
     tl.store(pool_ptr + row[:, None] + 256 + group[None, :], scale_byte.to(tl.uint8), mask=live[:, None])
+    if DUPLICATES == 2:
+        # The winner puts its slot's entry back to -1. A loser of that slot reads either the winner's index or
+        # -1, never its own, whenever it runs.
+        tl.store(winner_ptr + tl.where(live, slot, 0), tl.full((BLOCK_T,), -1, tl.int32), mask=live)
 
 
 @triton.jit
@@ -231,11 +269,18 @@ def _gather_kernel(
     byte_index = scale_index[:, :, None] * 8 + pair[None, None, :]  # [4, 8, 8]
     live4 = live[:, None, None, None]
     codes = tl.load(pool_ptr + row[:, None, None, None] + byte_index[None], mask=live4, other=0).to(tl.int32)
-    scale_bytes = tl.load(pool_ptr + row[:, None, None] + 256 + scale_index[None], mask=live[:, None, None], other=0)
+    scale_bytes = tl.load(pool_ptr + row[:, None, None] + 256 + scale_index[None], mask=live[:, None, None],
+                          other=0).to(tl.int32)
+    # A block whose scale is zero of either sign (0x00 or 0x80; the write never stores one, its floor being
+    # 2**-9, so only a never-written row has one) decodes to +0 everywhere, as `reference.nvfp4_dequantize`:
+    # its codes and its scale's sign are dropped, so no code's sign (nor the -0's) can make a -0.
+    zero_block = (scale_bytes & 127) == 0
+    codes = tl.where(zero_block[:, :, :, None], 0, codes)
+    scale_bytes = tl.where(zero_block, 0, scale_bytes)
     # The decoded codes are value * 2**-126; times scale * 2**100 they are value * 2**-26, exactly (a code times
     # a scale has at most 6 significant bits, and nothing reaches fp32's subnormals). The tile scale is taken
     # from amax * 2**26 and the quotients, scale-free, come out exactly as from the unscaled values.
-    block_scale = (_e4m3_decode(scale_bytes.to(tl.int32)) * 1.2676506002282294e30)[:, :, :, None]
+    block_scale = (_e4m3_decode(scale_bytes) * 1.2676506002282294e30)[:, :, :, None]
     low = _e2m1_decode(codes, 0) * block_scale  # elements 2j
     high = _e2m1_decode(codes, 4) * block_scale  # elements 2j + 1
     amax = tl.max(tl.max(tl.maximum(tl.abs(low), tl.abs(high)), axis=3), axis=2) * 67108864.0  # [BLOCK_R, 4]
@@ -253,6 +298,48 @@ def _gather_kernel(
         rope = tl.arange(0, 32)
         zeros = tl.zeros((BLOCK_R, 32), dtype=tl.float32)
         tl.store(out32_ptr + out_row[:, None] * 164 + 132 + rope[None, :], zeros, mask=live[:, None])
+
+
+@triton.jit
+def _union_entries_kernel(
+    src_ptr,
+    src_width,
+    src_row_stride,
+    num_pool_rows,
+    marks_ptr,
+    ends_ptr,
+    table_ptr,
+    num_tokens,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    REMAP: tl.constexpr,
+):
+    """Program (block of tokens, chunk of the top-k). Without REMAP: mark each selected (clamped) pool row in the
+    byte map. With REMAP: table = the row's place in the union, ends[row] - 1 (ends the inclusive prefix sum of
+    the marks), -1 for padding."""
+    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    column = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_range = (token < num_tokens)[:, None] & (column < src_width)[None, :]
+    entry = token.to(tl.int64)[:, None] * src_row_stride + column[None, :]
+    src = tl.load(src_ptr + entry, mask=in_range, other=-1).to(tl.int64)
+    live = in_range & (src >= 0)
+    src = tl.maximum(tl.minimum(src, num_pool_rows - 1), 0)
+    if REMAP:
+        place = tl.load(ends_ptr + src, mask=live, other=0) - 1
+        out = token.to(tl.int64)[:, None] * src_width + column[None, :]
+        tl.store(table_ptr + out, tl.where(live, place, -1), mask=in_range)
+    else:
+        tl.store(marks_ptr + src, tl.full((BLOCK_T, BLOCK_K), 1, tl.uint8), mask=live)
+
+
+@triton.jit
+def _union_compact_kernel(marks_ptr, ends_ptr, num_pool_rows, union_ptr, BLOCK: tl.constexpr):
+    """union[ends[row] - 1] = row for every marked pool row: the union in ascending row order."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_range = rows < num_pool_rows
+    marked = tl.load(marks_ptr + rows, mask=in_range, other=0) != 0
+    place = tl.load(ends_ptr + rows, mask=marked, other=1) - 1
+    tl.store(union_ptr + place, rows, mask=marked)
 
 
 # Rows (gather) or tokens (write) per program. On the CPU interpreter each program is a Python-level step, so
@@ -297,12 +384,53 @@ def _check_pool(pool: torch.Tensor) -> None:
         )
 
 
+class WriteWinners:
+    """The claim write's slot map: one int32 per pool row, -1 between writes, one per device (shared by every
+    pool of at most its rows, like the gather's persistent scratch: correct for one stream at a time)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, rows: int, device: torch.device) -> torch.Tensor:
+        """Allocate (all -1) on first use or when a larger pool comes: write once before capturing a graph."""
+        key = torch.device(device)
+        if key.type == "cuda" and key.index is None:
+            key = torch.device("cuda", torch.cuda.current_device())
+        if key not in self._maps or self._maps[key].numel() < rows:
+            self._maps[key] = torch.full((rows,), -1, dtype=torch.int32, device=key)
+        return self._maps[key]
+
+
+WRITE_WINNERS = WriteWinners()
+
+# Duplicate slots (`write`): up to this many tokens the write kernel scans the later tokens' slots itself (one
+# launch, O(T^2 / 2) slot comparisons, read from the cache); above, a claim pass and the slot map (two launches,
+# O(T)). An estimate, not yet measured on a GPU: bench.py --write-duplicates times both and the unchecked write.
+WRITE_SCAN_MAX_TOKENS = 1024
+_DUPLICATE_METHODS = {"unchecked": 0, "scan": 1, "claim": 2}
+_SCAN_BLOCK = 256
+
+
 def write(
-    latent: torch.Tensor, slot_mapping: torch.Tensor, pool: torch.Tensor, *, blocks: tuple[int, int] | None = None
+    latent: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    pool: torch.Tensor,
+    *,
+    blocks: tuple[int, int] | None = None,
+    duplicates: str | None = None,
+    winners: WriteWinners = WRITE_WINNERS,
 ) -> None:
     """Quantise [T, 512] latent rows (bf16, fp16 or fp32) into pool slots; slots < 0 are skipped.
 
-    A slot s is row s % block_size of block s // block_size, as in vLLM's slot mapping. No host synchronisation.
+    A slot s is row s % block_size of block s // block_size, as in vLLM's slot mapping. No host synchronisation,
+    no allocation but the slot map's first one: safe inside a CUDA graph.
+
+    A slot named by several tokens holds the whole row (codes and scales) of the last of them in the batch, as
+    `reference.write`. `duplicates` picks how the kernel finds the last one (by default from the number of
+    tokens, never from the data): "scan" (each token compares its slot with the later tokens', in the one write
+    kernel), "claim" (a pass of atomic max of the token index into the slot map `winners`, whose entries the
+    write then puts back to -1), or "unchecked" (every token writes: only for slot mappings known to be distinct,
+    as the kernel before this rule; duplicates then tear rows on a GPU).
     """
     geometry = _pool_args(pool)
     if latent.dim() != 2 or latent.shape[1] != LATENT_DIM or latent.stride(1) != 1:
@@ -317,17 +445,33 @@ def write(
         raise ValueError(f"latent is {latent.dtype} with row stride {latent.stride(0)}; expected bf16, fp16 or fp32 "
                          "with an even row stride")
     kind, word = kinds[latent.dtype]
+    if duplicates is None:
+        duplicates = "scan" if num_tokens <= WRITE_SCAN_MAX_TOKENS else "claim"
+    if duplicates not in _DUPLICATE_METHODS:
+        raise ValueError(f"duplicates is {duplicates!r}; expected one of {', '.join(_DUPLICATE_METHODS)}")
+    if slot_mapping.stride(0) != 1 and num_tokens > 1:
+        slot_mapping = slot_mapping.contiguous()
     block_t, warps = _blocks("write", pool.device, blocks)
-    _write_kernel[(triton.cdiv(num_tokens, block_t),)](
+    grid = (triton.cdiv(num_tokens, block_t),)
+    winner = slot_mapping  # not read unless claiming
+    if duplicates == "claim":
+        winner = winners.get(geometry[3], pool.device)
+        claim_t = 1024 if pool.device.type == "cuda" else 4096
+        _claim_kernel[(triton.cdiv(num_tokens, claim_t),)](slot_mapping, winner, geometry[3], num_tokens,
+                                                            BLOCK_T=claim_t, num_warps=4)
+    _write_kernel[grid](
         latent.view(word),
         latent.stride(0) // 2,
         slot_mapping,
         pool,
         *geometry,
         num_tokens,
+        winner,
         BLOCK_T=block_t,
         X_KIND=kind,
         HW=_hardware(pool.device),
+        DUPLICATES=_DUPLICATE_METHODS[duplicates],
+        SCAN_BLOCK=_SCAN_BLOCK,
         num_warps=warps,
     )
 
@@ -444,6 +588,48 @@ def gather_dedup(
     scratch = new_scratch(union.numel(), pool.device, zero_rope=False)
     gather_rows(pool, union, scratch, None, zero_rope=True, blocks=blocks)
     tables = torch.where(valid, inverse, -1).to(torch.int32).view(indices.shape)
+    return scratch, tables
+
+
+def gather_union(
+    pool: torch.Tensor, indices: torch.Tensor, *, blocks: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K] indices -> (fresh scratch holding each selected row once, tables [T, K] int32), without a sort.
+
+    The contract of `reference.union`: scratch row i holds the i-th smallest selected (clamped) pool row, and
+    each entry's table value is its row's place in that order (-1 for padding); the same rows and bytes as
+    `gather_dedup`. The union is found by mark and prefix sum over the pool's rows: a byte per pool row set for
+    every selected row, its inclusive prefix sum (torch.cumsum), each entry remapped through it and the marked
+    rows compacted into a list, which `gather_rows` expands. One host synchronisation, to read the union's size
+    (the scratch's), after everything but the expansion is queued.
+    """
+    _check_indices(indices)
+    geometry = _pool_args(pool)
+    num_rows = geometry[3]
+    num_tokens, topk = indices.shape
+    if topk > 1 and indices.stride(1) != 1:
+        indices = indices.contiguous()
+    device = pool.device
+    marks = torch.zeros(num_rows, dtype=torch.uint8, device=device)
+    tables = torch.empty(num_tokens, topk, dtype=torch.int32, device=device)
+    # A program takes `block` entries: a chunk of one token's top-k, or whole rows of several tokens.
+    block = 1024 if device.type == "cuda" else 16384
+    block_k = min(triton.next_power_of_2(max(topk, 1)), block)
+    block_t = block // block_k
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(topk, block_k))
+    entries = (indices, topk, indices.stride(0), num_rows)
+    if num_tokens and topk:
+        _union_entries_kernel[grid](*entries, marks, marks, tables, num_tokens, BLOCK_T=block_t, BLOCK_K=block_k,
+                                    REMAP=False, num_warps=4)
+    ends = torch.cumsum(marks, 0, dtype=torch.int32)
+    union = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if num_tokens and topk:
+        _union_entries_kernel[grid](*entries, marks, ends, tables, num_tokens, BLOCK_T=block_t, BLOCK_K=block_k,
+                                    REMAP=True, num_warps=4)
+    _union_compact_kernel[(triton.cdiv(num_rows, block),)](marks, ends, num_rows, union, BLOCK=block, num_warps=4)
+    count = int(ends[-1])  # the one host synchronisation
+    scratch = new_scratch(count, device, zero_rope=False)
+    gather_rows(pool, union[:count], scratch, None, zero_rope=True, blocks=blocks)
     return scratch, tables
 
 

@@ -73,7 +73,12 @@ def nvfp4_quantize(latent: torch.Tensor) -> torch.Tensor:
 
 
 def nvfp4_dequantize(rows: torch.Tensor) -> torch.Tensor:
-    """[..., 288] uint8 NVFP4 rows -> [..., 512] float32 (exact: every product fits in fp32)."""
+    """[..., 288] uint8 NVFP4 rows -> [..., 512] float32 (exact: every product fits in fp32).
+
+    A block whose scale is zero of either sign (byte 0x00, or 0x80, e4m3's -0) decodes to +0 everywhere, whatever
+    its codes' signs. The write never stores such a scale (its floor is 2**-9): only a never-written row holds
+    one, and it must read as zeros; the sign of those zeros is immaterial to attention, so it is fixed at +0
+    (fp8 byte 0x00 after the gather) rather than left to the product +-0 x +-0."""
     if rows.shape[-1] != NVFP4_ROW_BYTES:
         raise ValueError(f"NVFP4 rows have {rows.shape[-1]} bytes; expected {NVFP4_ROW_BYTES}")
     lead = rows.shape[:-1]
@@ -83,7 +88,9 @@ def nvfp4_dequantize(rows: torch.Tensor) -> torch.Tensor:
     magnitude = table[(codes & 0x07).long()]
     values = torch.where((codes & 0x08) != 0, -magnitude, magnitude)
     scale = rows[..., NVFP4_CODE_BYTES:].contiguous().view(torch.float8_e4m3fn).float()
-    return (values.reshape(*lead, NVFP4_GROUPS, NVFP4_GROUP) * scale.unsqueeze(-1)).reshape(*lead, LATENT_DIM)
+    blocks = values.reshape(*lead, NVFP4_GROUPS, NVFP4_GROUP) * scale.unsqueeze(-1)
+    blocks = torch.where((scale == 0).unsqueeze(-1), 0.0, blocks)
+    return blocks.reshape(*lead, LATENT_DIM)
 
 
 def fp8_ds_mla_encode(values: torch.Tensor) -> torch.Tensor:
@@ -103,10 +110,27 @@ def pool_rows(pool: torch.Tensor) -> int:
     return pool.shape[0] * pool.shape[1]
 
 
+def last_writers(slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Which tokens of a write are written: those with a slot >= 0 that no later token of the batch names.
+
+    The rule for duplicate slots: the last occurrence in the batch wins, and its whole row (codes and scales) is
+    what the slot holds. Found by a stable sort, so that the last token of each run of equal slots is the latest.
+    """
+    slots = slot_mapping.long()
+    ordered, order = torch.sort(slots, stable=True)
+    last_of_run = torch.ones_like(ordered, dtype=torch.bool)
+    last_of_run[:-1] = ordered[1:] != ordered[:-1]
+    keep = torch.zeros_like(slots, dtype=torch.bool)
+    keep[order[last_of_run]] = True
+    return keep & (slots >= 0)
+
+
 def write(latent: torch.Tensor, slot_mapping: torch.Tensor, pool: torch.Tensor) -> None:
-    """Quantise [T, 512] latent rows into pool[slot // block_size, slot % block_size]; slots < 0 are skipped."""
+    """Quantise [T, 512] latent rows into pool[slot // block_size, slot % block_size]; slots < 0 are skipped.
+
+    A slot named by several tokens gets the whole row of the last of them (`last_writers`)."""
     block_size = pool.shape[1]
-    keep = slot_mapping >= 0
+    keep = last_writers(slot_mapping)
     slots = slot_mapping[keep].long()
     pool[slots // block_size, slots % block_size] = nvfp4_quantize(latent[keep])
 
@@ -130,6 +154,18 @@ def gather(pool: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, tor
     positions = torch.arange(num_tokens * topk, device=pool.device)
     tables = torch.where(valid, positions, -1).to(torch.int32).reshape(num_tokens, topk)
     return scratch.reshape(pages, FP8_DS_MLA_PAGE_ROWS, FP8_DS_MLA_ROW_BYTES), tables
+
+
+def union(pool: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill union's contract: (the distinct pool rows [T, K] indices select, ascending, int64; tables
+    [T, K] int32 giving each entry's position in that list, -1 for padding). Indices past the pool count as its
+    last row. A union gather expands row union[i] into scratch row i."""
+    flat = indices.reshape(-1).long()
+    valid = flat >= 0
+    rows, inverse = torch.unique(flat[valid].clamp(max=pool_rows(pool) - 1), return_inverse=True)
+    tables = torch.full_like(flat, -1)
+    tables[valid] = inverse
+    return rows, tables.to(torch.int32).reshape(indices.shape)
 
 
 def resolved(scratch: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

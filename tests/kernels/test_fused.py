@@ -123,3 +123,23 @@ def test_a_wrong_query_or_index_shape_is_refused_with_what_was_found() -> None:
         kernels.sparse_mla_decode(torch.zeros(2, 4, 500), pool, idx, SCALE)
     with pytest.raises(ValueError, match=r"indices are \(2, 8\)"):
         kernels.sparse_mla_decode(torch.zeros(3, 4, 512), pool, idx, SCALE)
+
+
+def test_rows_with_scale_byte_0x80_weigh_as_zero_keys_as_in_the_reference() -> None:
+    """Never-written rows whose scale bytes are 0x80 (e4m3 -0) or 0x00: the reference dequantises their blocks to
+    +0, so a row of them is a zero key, score 0 and nothing added to the output; the fused kernel agrees (its keys
+    there are zeros: the product of a code and a zero scale, whose sign no score or sum can show)."""
+    pool = pool_of(2, seed=7)
+    pool[1, :, 256:] = 0x80
+    pool[1, 1::4, 256:] = 0x00
+    pool[0, ::2, 256::2] = 0x80  # half the blocks of every other row too
+    pool[0, 1::2, 257::4] = 0x00
+    q = query(2, 4, seed=7)
+    idx = torch.arange(2 * 64, dtype=torch.int32).view(2, 64) % (2 * BLOCK)
+    idx[1] = torch.arange(BLOCK, 2 * BLOCK)  # the second token sees only zero keys: a uniform softmax of 0
+    want, want_lse = reference.sparse_mla_decode(q, pool, idx, SCALE)
+    out, lse = kernels.sparse_mla_decode(q, pool, idx, SCALE, out_dtype=torch.float32, blocks=(16, 16, 4, 1))
+    assert relative_error(out[:1], want[:1], torch.ones(1, dtype=torch.bool)) <= FUSED_BOUND
+    assert (out[1] == 0).all() and (want[1] == 0).all()
+    assert (lse - want_lse).abs().max() <= LSE_BOUND
+    assert torch.allclose(want_lse[1], torch.full((4,), math.log(64)))

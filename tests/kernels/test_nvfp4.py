@@ -76,6 +76,58 @@ def test_write_matches_reference(dtype: torch.dtype, tokens: int) -> None:
     assert torch.equal(got.view(-1, NVFP4_ROW_BYTES)[untouched], before.view(-1, NVFP4_ROW_BYTES)[untouched])
 
 
+def whole_rows(latent: torch.Tensor) -> torch.Tensor:
+    """Each token's own 288-byte row, as a write of it alone would leave it."""
+    return reference.nvfp4_quantize(latent)
+
+
+@pytest.mark.parametrize("duplicates", [None, "scan", "claim"])
+@pytest.mark.parametrize("tokens", [5, 64, 300, 2048])
+def test_duplicate_slots_hold_the_last_tokens_whole_row(duplicates: str | None, tokens: int) -> None:
+    """Many tokens name the same few slots (with padding among them): each slot holds exactly the row of the last
+    token naming it, codes and scales alike, as the reference; the other rows keep their bytes. Both ways of
+    finding the last token (the default picks by the number of tokens: 2048 claims, the others scan)."""
+    gen = torch.Generator().manual_seed(tokens)
+    latent = latent_rows(tokens, torch.float32, seed=tokens)
+    slots = torch.randint(0, max(tokens // 4, 2), (tokens,), generator=gen) * 3
+    slots[2::9] = -1
+    before = torch.randint(0, 256, (max(tokens // BLOCK, 1) * 3 + 1, BLOCK, NVFP4_ROW_BYTES), generator=gen,
+                           dtype=torch.uint8)
+    got, want = before.clone(), before.clone()
+    winners = kernels.WriteWinners()
+    kernels.write(latent, slots, got, duplicates=duplicates, winners=winners)
+    reference.write(latent, slots, want)
+    assert torch.equal(got, want)
+    rows, own = got.view(-1, NVFP4_ROW_BYTES), whole_rows(latent)
+    live = slots >= 0
+    assert slots[live].unique().numel() < live.sum()  # the case is real: there are duplicates
+    for slot in slots[live].unique().tolist():
+        last = int((slots == slot).nonzero().max())
+        assert torch.equal(rows[slot], own[last])
+    # the claim's slot map is back to -1 everywhere, ready for the next write (or a graph replay)
+    for slot_map in winners._maps.values():
+        assert (slot_map == -1).all()
+
+
+def test_duplicates_across_program_blocks_and_past_the_pool() -> None:
+    """The GPU's blocks of 2 tokens: the later duplicate sits in another program; a slot past the pool (skipped)
+    does not hide an earlier token of a valid slot, nor does padding."""
+    latent = latent_rows(9, torch.float32, seed=4)
+    slots = torch.tensor([7, 3, 7, -1, 3, 2 * BLOCK, 5, 7, 5])
+    for duplicates in ("scan", "claim"):
+        got = torch.zeros(2, BLOCK, NVFP4_ROW_BYTES, dtype=torch.uint8)
+        kernels.write(latent, slots, got, blocks=(2, 1), duplicates=duplicates, winners=kernels.WriteWinners())
+        rows, own = got.view(-1, NVFP4_ROW_BYTES), whole_rows(latent)
+        assert torch.equal(rows[7], own[7]) and torch.equal(rows[3], own[4]) and torch.equal(rows[5], own[8])
+        assert not rows[[0, 1, 2, 4, 6]].any() and not rows[8:].any()
+
+
+def test_an_unknown_duplicate_rule_is_refused() -> None:
+    pool = torch.zeros(1, BLOCK, NVFP4_ROW_BYTES, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="'first'"):
+        kernels.write(torch.zeros(1, 512), torch.tensor([0]), pool, duplicates="first")
+
+
 def test_slots_past_the_pool_are_skipped_not_written() -> None:
     latent = latent_rows(4)
     slots = torch.tensor([0, 2 * BLOCK, 2 * BLOCK + 5, 2**40])  # the pool holds 2 * BLOCK rows
@@ -150,12 +202,13 @@ def test_roundtrip_error_is_within_the_nvfp4_bound() -> None:
 
 
 # One token, a few, a tile's worth and one past it, and the most the path takes (a decode batch of 16 sequences x 4
-# speculative slots + the 128-token prefill cap): the sizes its grid and its scratch change at. Under the
-# interpreter each costs about a second per 3 tokens, so no size between them (bench.py times 148 on the GPU).
-@pytest.mark.parametrize("tokens", [1, 3, 17, 64, 65, 192])
-def test_sync_free_gather_matches_reference(tokens: int) -> None:
+# speculative slots + the 128-token prefill cap): the sizes its grid and its scratch change at. The interpreter
+# costs about 0.15 s per 1000 entries, so the production top-k (2048) up to 17 tokens and narrower rows above
+# (whose T * K is no multiple of the interpreter's 1024-row program: tails too); bench.py runs 2048 at every T.
+@pytest.mark.parametrize(("tokens", "topk"), [(1, 2048), (3, 2048), (17, 2048), (64, 150), (65, 150), (192, 100)])
+def test_sync_free_gather_matches_reference(tokens: int, topk: int) -> None:
     pool = filled_pool(60)
-    idx = topk_indices(tokens, 2048, 60 * BLOCK, seed=tokens)
+    idx = topk_indices(tokens, topk, 60 * BLOCK, seed=tokens)
     if tokens == 17:
         idx = idx.long()  # int64 indices are read as they are
     buffers = kernels.SyncFreeBuffers()
@@ -167,7 +220,7 @@ def test_sync_free_gather_matches_reference(tokens: int) -> None:
     assert not scratch[..., 528:].any()
 
 
-@pytest.mark.parametrize(("tokens", "topk"), [(1, 2048), (65, 256), (192, 64), (193, 2048), (2048, 64)])
+@pytest.mark.parametrize(("tokens", "topk"), [(1, 2048), (65, 256), (192, 64), (193, 256), (2048, 24)])
 def test_dedup_gather_matches_reference(tokens: int, topk: int) -> None:
     pool = filled_pool(60)
     idx = topk_indices(tokens, topk, 60 * BLOCK, seed=tokens)
@@ -182,13 +235,44 @@ def test_dedup_gather_matches_reference(tokens: int, topk: int) -> None:
     assert not scratch.view(-1, FP8_DS_MLA_ROW_BYTES)[used, 528:].any()
 
 
-@pytest.mark.parametrize(("tokens", "topk"), [(1, 128), (64, 128), (65, 2048), (192, 128)])
+@pytest.mark.parametrize(("tokens", "topk"), [(1, 2048), (64, 128), (65, 256), (192, 128)])
 def test_both_gather_paths_give_the_attention_kernel_the_same_bytes(tokens: int, topk: int) -> None:
     pool = filled_pool(20)
     idx = topk_indices(tokens, topk, 20 * BLOCK, seed=100 + tokens)
     sync_free = reference.resolved(*kernels.gather_sync_free(pool, idx, buffers=kernels.SyncFreeBuffers()))
     assert torch.equal(sync_free, reference.resolved(*kernels.gather_dedup(pool, idx)))
     assert torch.equal(sync_free, reference.resolved(*kernels.gather(pool, idx)))
+
+
+@pytest.mark.parametrize(("tokens", "topk"), [(1, 2048), (65, 256), (193, 256), (2048, 24), (3, 5)])
+def test_sort_free_union_matches_the_reference_contract(tokens: int, topk: int) -> None:
+    """gather_union: the same rows and bytes as the reference and as gather_dedup, and the tables of
+    `reference.union` (scratch row i is the i-th smallest selected row), with nothing beyond the union."""
+    pool = filled_pool(60)
+    idx = topk_indices(tokens, topk, 60 * BLOCK, seed=tokens)
+    scratch, tables = kernels.gather_union(pool, idx)
+    rows, want_tables = reference.union(pool, idx)
+    assert torch.equal(tables, want_tables)
+    assert scratch.shape == (-(-rows.numel() // 64), 64, FP8_DS_MLA_ROW_BYTES)
+    want = reference.resolved(*reference.gather(pool, idx))
+    assert torch.equal(reference.resolved(scratch, tables), want)
+    assert torch.equal(reference.resolved(*kernels.gather_dedup(pool, idx)), want)
+    flat = scratch.view(-1, FP8_DS_MLA_ROW_BYTES)[: rows.numel()]
+    block_size = pool.shape[1]
+    expanded = reference.fp8_ds_mla_encode(reference.nvfp4_dequantize(pool[rows // block_size, rows % block_size]))
+    assert torch.equal(flat, expanded)  # RoPE region zero included
+
+
+def test_sort_free_union_of_padding_only_strided_and_int64_indices() -> None:
+    pool = filled_pool(4)
+    scratch, tables = kernels.gather_union(pool, torch.full((3, 8), -1, dtype=torch.int32))
+    assert scratch.shape == (1, 64, FP8_DS_MLA_ROW_BYTES) and (tables == -1).all()
+    padded = torch.full((5, 300), -1, dtype=torch.int64)
+    padded[:, :256] = topk_indices(5, 256, 4 * BLOCK, seed=8)
+    view = padded[:, :260]
+    scratch, tables = kernels.gather_union(pool, view)
+    assert torch.equal(tables, reference.union(pool, view)[1])
+    assert torch.equal(reference.resolved(scratch, tables), reference.resolved(*reference.gather(pool, view)))
 
 
 def test_index_rows_padded_like_vllm_are_read_in_place() -> None:
@@ -211,7 +295,7 @@ def test_indices_past_the_pool_read_its_last_row_and_nothing_beyond() -> None:
     rows = 4 * BLOCK
     idx = torch.tensor([[rows, rows + 1, 2**31 - 1, rows - 1, -1, -5]], dtype=torch.int32)
     for scratch, tables in (kernels.gather_sync_free(pool, idx, buffers=kernels.SyncFreeBuffers()),
-                            kernels.gather_dedup(pool, idx)):
+                            kernels.gather_dedup(pool, idx), kernels.gather_union(pool, idx)):
         got = reference.resolved(scratch, tables)
         last = reference.resolved(*reference.gather(pool, torch.tensor([[rows - 1]], dtype=torch.int32)))[0]
         assert all(torch.equal(got[k], last) for k in range(4))
@@ -308,6 +392,37 @@ def test_fp8_ties_go_to_the_even_code_in_the_normal_and_subnormal_range() -> Non
     tie = torch.frac(q / step) == 0.5
     assert torch.equal(tile_scale.log2(), torch.round(tile_scale.log2()))  # the construction held
     assert (tie & normal).sum() > 100 and (tie & ~normal & (q > 0)).sum() > 20
+
+
+def test_a_never_written_row_with_scale_byte_0x80_decodes_as_the_reference() -> None:
+    """e4m3 0x80 is -0 (float8_e4m3fn's NaNs are 0x7F and 0xFF). A block whose scale is zero of either sign (0x80
+    or 0x00, which the write never stores: only a never-written row holds one) decodes to +0 everywhere, whatever
+    its codes' signs: fp8 byte 0x00, never 0x80. A tile of such blocks has amax 0 and tile scale FLT_MIN; a tile
+    mixing them with live blocks has +0 in their places. All three gathers give the reference's bytes, compared
+    as bytes; the random codes include sign bits, so a kernel that kept the product's sign of zero (+-0 x +-0)
+    would leave 0x80 bytes and fail here, whatever Triton emits for a float's negation."""
+    gen = torch.Generator().manual_seed(80)
+    pool = torch.randint(0, 256, (1, BLOCK, NVFP4_ROW_BYTES), generator=gen, dtype=torch.uint8)
+    pool[0, :16, 256:] = 0x80  # rows 0-15: every scale -0, as a pool filled with 0x80 would hold
+    pool[0, 16:32, 256:] = 0x00  # rows 16-31: every scale +0
+    pool[0, 32:, 256:] = torch.randint(0x08, 0x60, (BLOCK - 32, 32), generator=gen, dtype=torch.uint8)
+    pool[0, 32:, 256::3] = 0x80  # rows 32-63: some blocks of each tile -0, some +0, the rest live
+    pool[0, 32:, 257::5] = 0x00
+    zero = (pool[0, :, 256:] & 0x7F) == 0  # [64 rows, 32 blocks]
+    signed = ((pool[0, :, :256] & 0x88) != 0).any(dim=1)
+    assert signed[:32].all()  # the case is real: sign bits in the codes of the zero-scaled rows
+    values = reference.nvfp4_dequantize(pool[0]).view(BLOCK, 32, 16)
+    assert (values[zero] == 0).all() and not torch.signbit(values[zero]).any()
+    assert (values[~zero] != 0).any()
+    idx = torch.arange(BLOCK, dtype=torch.int32).view(2, BLOCK // 2)
+    want = reference.resolved(*reference.gather(pool, idx))
+    fp8 = want[:, :512].view(BLOCK, 32, 16)
+    assert not fp8[zero].any()  # +0: byte 0x00 in every zero-scaled block
+    assert not want[:32, :512].any() and (want[:32, 512:528].contiguous().view(torch.float32) == FLT_MIN).all()
+    assert fp8[~zero].any()
+    for scratch, tables in (kernels.gather_sync_free(pool, idx, buffers=kernels.SyncFreeBuffers()),
+                            kernels.gather_dedup(pool, idx), kernels.gather_union(pool, idx)):
+        assert torch.equal(reference.resolved(scratch, tables), want)
 
 
 # ---- the fp8_ds_mla bytes against vLLM's writer arithmetic ----------------------------------------------------
