@@ -457,8 +457,8 @@ def write(
     if duplicates == "claim":
         winner = winners.get(geometry[3], pool.device)
         claim_t = 1024 if pool.device.type == "cuda" else 4096
-        _claim_kernel[(triton.cdiv(num_tokens, claim_t),)](slot_mapping, winner, geometry[3], num_tokens,
-                                                            BLOCK_T=claim_t, num_warps=4)
+        claim_grid = (triton.cdiv(num_tokens, claim_t),)
+        _claim_kernel[claim_grid](slot_mapping, winner, geometry[3], num_tokens, BLOCK_T=claim_t, num_warps=4)
     _write_kernel[grid](
         latent.view(word),
         latent.stride(0) // 2,

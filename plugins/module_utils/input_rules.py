@@ -253,6 +253,8 @@ RULES: Mapping[str, Rule] = {
     "lab_fabric_mtu": MTU,
     "lab_subnet_pool": IPV4_NETWORK,
     "lab_shm_size": DOCKER_SIZE,
+    "lab_vllm_cpus": Rule("null, or a list of this machine's CPU numbers (whole numbers from 0)",
+                          lambda value, _: value is None or each(at_least(0)).test(value, _)),
     # model_weights
     "model_weights_cache_dir": ABSOLUTE_PATH,
     "model_weights_fetch_node": CLUSTER_HOST,

@@ -97,6 +97,12 @@ class Labs:
             extravars.update(lab_nodes=TOPOLOGIES[key], lab_fabric_topology=key, lab_fabric_bare=True)
         if key == "tp3":
             extravars.update(lab_nodes=3, lab_model_profile="tiny-cpu-padded")
+        if key in FLEET_LABS:
+            # Each group's ranks on a CPU of their own (the lab's default spreads one lab's nodes over the CPUs),
+            # so that each group computes on its own share of this machine as each group of a real fleet does on
+            # its own Sparks.
+            cpus = sorted(os.sched_getaffinity(0))
+            extravars.update(lab_vllm_cpus=[cpus[FLEET_LABS.index(key) % len(cpus)]])
         return extravars
 
     def get(self, key):
@@ -119,8 +125,6 @@ class Labs:
                 created = run_playbook(base / "create", LAB_PLAYBOOK, extravars=extravars)
                 if created.status != "successful":
                     raise LabError(f"creating the {key} lab failed:\n" + output(created)[-4000:])
-                if key in FLEET_LABS:
-                    fleet_lab_vars(lab, FLEET_LABS.index(key))
                 if key in CONVERGE:  # (a topology's bare ports come back only through the fabric stage)
                     converge = run_playbook(base / "converge", SITE, inventory=lab["inventory"],
                                             cmdline=f"--tags {CONVERGE[key]}")
@@ -208,17 +212,6 @@ def fabric_lab(request, labs):
     site.yml's preflight and fabric stages (and the node stage on NODE_TESTS_LAB's); lab["converge"] holds that
     run's output."""
     return labs.get(getattr(request, "param", NODE_TESTS_LAB))
-
-
-def fleet_lab_vars(lab, index):
-    """A fleet lab's group_vars: its ranks' OpenMP threads on a core of their own (vLLM's CPU build otherwise binds
-    every rank of every lab to core 0), so that each group computes on its own share of this machine as each group
-    of a real fleet does on its own Sparks."""
-    cores = sorted(os.sched_getaffinity(0))
-    group_vars = os.path.join(os.path.dirname(lab["inventory"]), "group_vars")
-    os.makedirs(group_vars, exist_ok=True)
-    with open(os.path.join(group_vars, "sparkfleet_cluster.yml"), "w", encoding="utf-8") as handle:
-        yaml.safe_dump({"vllm_service_env": {"VLLM_CPU_OMP_THREADS_BIND": str(cores[index % len(cores)])}}, handle)
 
 
 @pytest.fixture(scope="session")

@@ -180,9 +180,8 @@ def fleet(fleet_labs, tmp_path_factory):
     # Group b lets the router in from both of its addresses (the one the fleet knows it by, and the one its packets
     # reach group b from), through its own firewall: preflight and fabric again, no rank restarted.
     group_vars = os.path.join(os.path.dirname(group_b["inventory"]), "group_vars", "sparkfleet_cluster.yml")
-    with open(group_vars, encoding="utf-8") as handle:
-        settings = yaml.safe_load(handle) or {}  # (the lab's own: conftest.fleet_lab_vars)
-    settings["sparkfleet_router_addresses"] = [router_address, router_on_b]
+    os.makedirs(os.path.dirname(group_vars), exist_ok=True)
+    settings = {"sparkfleet_router_addresses": [router_address, router_on_b]}
     with open(group_vars, "w", encoding="utf-8") as handle:
         yaml.safe_dump(settings, handle)
     ranks = {node: main_pid(group_b, node) for node in ("node0", "node1")}
@@ -266,7 +265,7 @@ def throughput(url, key, requests=24, clients=4, tokens=64):
 def test_throughput_through_the_router_against_one_group_alone(fleet):
     """A benchmark, not an assertion on speed: the same bounded load (24 completions of 64 tokens, 4 clients) sent
     to group a's head alone, then through the router to both groups, with how many each group answered (its own
-    counter). Each group's ranks compute on a core of their own of this machine (conftest.fleet_lab_vars), as each
+    counter). Each group's ranks compute on a core of their own of this machine (conftest's lab_vllm_cpus), as each
     group of a real fleet has Sparks of its own; everything else shares the machine."""
     key = api_key(fleet["a"])
     throughput(fleet["router"], key, requests=4)  # both groups warm (their first requests compile nothing later)

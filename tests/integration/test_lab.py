@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import ROOT, output, run_playbook, task_names
+from conftest import ROOT, lab_hosts, on_node, output, run_playbook, task_names
 
 
 def test_check_mode_reports_no_drift(weights_lab, tmp_path):
@@ -41,6 +41,19 @@ def test_stage_tags_select_plays(weights_lab, tmp_path):
            and not e["event_data"]["task"].startswith("Validating arguments against arg spec")}
     assert {play for play, _task in ran} == {"Preflight"}, ran
     assert ("Preflight", "Validate the inventory on the controller") in ran
+
+
+def test_the_nodes_keep_the_code_compiled_from_ansibles_zips_and_bind_each_rank_to_a_cpu_of_its_own(weights_lab):
+    """The lab's zipimport cache (roles/lab/files/sparkfleet_lab_zipcache.py) is in use on every node: the module
+    runs of the lab's converges left root-only compiled code of the zips' sources behind. The inventory gives each
+    node's vLLM rank a CPU of this machine of its own, in turn."""
+    hosts = lab_hosts(weights_lab)
+    cpus = sorted(os.sched_getaffinity(0))
+    for index, node in enumerate(sorted(hosts)):
+        listing = on_node(weights_lab, node, "sh", "-c", "stat -c '%a %U' /var/cache/sparkfleet-lab-zipcache;"
+                          " ls /var/cache/sparkfleet-lab-zipcache | wc -l").stdout.split()
+        assert listing[:2] == ["700", "root"] and int(listing[2]) > 20, (node, listing)
+        assert hosts[node]["vllm_service_env"] == {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[index % len(cpus)])}
 
 
 def test_check_mode_on_a_lab_that_does_not_exist_creates_nothing(weights_lab, tmp_path):
