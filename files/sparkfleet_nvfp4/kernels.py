@@ -157,6 +157,39 @@ def _claim_kernel(slot_ptr, winner_ptr, num_pool_rows, num_tokens, BLOCK_T: tl.c
 
 
 @triton.jit
+def _writers(slot_ptr, winner_ptr, slot, tokens, live, num_tokens, BLOCK_T: tl.constexpr, DUPLICATES: tl.constexpr,
+             SCAN_BLOCK: tl.constexpr):
+    """Which of this program's live tokens write their row. Duplicate slots: only the last token of the batch
+    that names a slot writes it, so the row holds that token's codes and scales (two writers of one row would
+    interleave their two stores). See `write`."""
+    if DUPLICATES == 1:  # scan: is the slot named by a later token? The tokens after this block, read in chunks.
+        later = tl.zeros((BLOCK_T,), tl.int32)
+        for start in range(tl.program_id(0) * BLOCK_T + 1, num_tokens, SCAN_BLOCK):
+            others = start + tl.arange(0, SCAN_BLOCK)
+            other_slot = tl.load(slot_ptr + others, mask=others < num_tokens, other=-1).to(tl.int64)
+            match = (other_slot[None, :] == slot[:, None]) & (others[None, :] > tokens[:, None])
+            later = tl.maximum(later, tl.max(match.to(tl.int32), axis=1))
+        live = live & (later == 0)
+    elif DUPLICATES == 2:  # claim: _claim_kernel left the slot's last token in the slot map
+        winner = tl.load(winner_ptr + tl.where(live, slot, 0), mask=live, other=-1)
+        live = live & (winner == tokens)
+    return live
+
+
+@triton.jit
+def _writers_kernel(slot_ptr, winner_ptr, out_ptr, num_pool_rows, num_tokens, BLOCK_T: tl.constexpr,
+                    DUPLICATES: tl.constexpr, SCAN_BLOCK: tl.constexpr):
+    """out[t] = 1 where the write kernel lets token t write (the tests' view of `_writers`: under the
+    interpreter, programs and stores run in order, so the last token wins a slot even when every token writes)."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tokens < num_tokens
+    slot = tl.load(slot_ptr + tokens, mask=in_range, other=-1).to(tl.int64)
+    live = in_range & (slot >= 0) & (slot < num_pool_rows)
+    live = _writers(slot_ptr, winner_ptr, slot, tokens, live, num_tokens, BLOCK_T, DUPLICATES, SCAN_BLOCK)
+    tl.store(out_ptr + tokens, live.to(tl.int8), mask=in_range)
+
+
+@triton.jit
 def _write_kernel(
     x_ptr,
     x_row_stride,
@@ -179,19 +212,7 @@ def _write_kernel(
     slot = tl.load(slot_ptr + tokens, mask=in_range, other=-1).to(tl.int64)
     # A slot past the pool is skipped like a negative one: the kernel never writes outside the pool.
     live = in_range & (slot >= 0) & (slot < num_pool_rows)
-    # Duplicate slots: only the last token of the batch that names a slot writes it, so the row holds that token's
-    # codes and scales (two writers of one row would interleave their two stores). See `write`.
-    if DUPLICATES == 1:  # scan: is the slot named by a later token? The tokens after this block, read in chunks.
-        later = tl.zeros((BLOCK_T,), tl.int32)
-        for start in range(tl.program_id(0) * BLOCK_T + 1, num_tokens, SCAN_BLOCK):
-            others = start + tl.arange(0, SCAN_BLOCK)
-            other_slot = tl.load(slot_ptr + others, mask=others < num_tokens, other=-1).to(tl.int64)
-            match = (other_slot[None, :] == slot[:, None]) & (others[None, :] > tokens[:, None])
-            later = tl.maximum(later, tl.max(match.to(tl.int32), axis=1))
-        live = live & (later == 0)
-    elif DUPLICATES == 2:  # claim: _claim_kernel left the slot's last token in the slot map
-        winner = tl.load(winner_ptr + tl.where(live, slot, 0), mask=live, other=-1)
-        live = live & (winner == tokens)
+    live = _writers(slot_ptr, winner_ptr, slot, tokens, live, num_tokens, BLOCK_T, DUPLICATES, SCAN_BLOCK)
     group = tl.arange(0, 32)
     pair = group[:, None] * 8 + tl.arange(0, 8)[None, :]  # [32, 8]: output byte j holds elements 2j and 2j+1
     live3 = live[:, None, None]
@@ -390,15 +411,29 @@ class WriteWinners:
 
     def __init__(self) -> None:
         self._maps: dict[torch.device, torch.Tensor] = {}
+        # Maps a larger pool replaced stay allocated: a CUDA graph captured before still writes through them.
+        self._superseded: list[torch.Tensor] = []
 
     def get(self, rows: int, device: torch.device) -> torch.Tensor:
-        """Allocate (all -1) on first use or when a larger pool comes: write once before capturing a graph."""
+        """Allocate (all -1) on first use or when a larger pool comes. Write once, with the largest pool, before
+        capturing a graph: growing the map allocates, which a capture refuses."""
         key = torch.device(device)
         if key.type == "cuda" and key.index is None:
             key = torch.device("cuda", torch.cuda.current_device())
         if key not in self._maps or self._maps[key].numel() < rows:
+            if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"the claim write's slot map for {rows} pool rows would be allocated during "
+                                   "a CUDA graph capture; write once with the largest pool before capturing")
+            if key in self._maps:
+                self._superseded.append(self._maps[key])
             self._maps[key] = torch.full((rows,), -1, dtype=torch.int32, device=key)
         return self._maps[key]
+
+    def reset(self, device: torch.device) -> None:
+        """Every entry back to -1 (after a write that stopped between the claim and the write kernel)."""
+        for key, winner in self._maps.items():
+            if key.type == torch.device(device).type:
+                winner.fill_(-1)
 
 
 WRITE_WINNERS = WriteWinners()
@@ -423,7 +458,8 @@ def write(
     """Quantise [T, 512] latent rows (bf16, fp16 or fp32) into pool slots; slots < 0 are skipped.
 
     A slot s is row s % block_size of block s // block_size, as in vLLM's slot mapping. No host synchronisation,
-    no allocation but the slot map's first one: safe inside a CUDA graph.
+    no allocation but the slot map's (on the first claim write, and again for a larger pool): safe inside a CUDA
+    graph once a claim write with the largest pool has run.
 
     A slot named by several tokens holds the whole row (codes and scales) of the last of them in the batch, as
     `reference.write`. `duplicates` picks how the kernel finds the last one (by default from the number of
@@ -445,6 +481,10 @@ def write(
         raise ValueError(f"latent is {latent.dtype} with row stride {latent.stride(0)}; expected bf16, fp16 or fp32 "
                          "with an even row stride")
     kind, word = kinds[latent.dtype]
+    if latent.storage_offset() % 2:
+        raise ValueError(f"latent starts at element {latent.storage_offset()} of its storage; expected an even "
+                         "offset (the kernel reads it as pairs of elements)")
+    words = latent.view(word)  # (every argument is made before the claim pass, which the write kernel must follow)
     if duplicates is None:
         duplicates = "scan" if num_tokens <= WRITE_SCAN_MAX_TOKENS else "claim"
     if duplicates not in _DUPLICATE_METHODS:
@@ -459,21 +499,28 @@ def write(
         claim_t = 1024 if pool.device.type == "cuda" else 4096
         claim_grid = (triton.cdiv(num_tokens, claim_t),)
         _claim_kernel[claim_grid](slot_mapping, winner, geometry[3], num_tokens, BLOCK_T=claim_t, num_warps=4)
-    _write_kernel[grid](
-        latent.view(word),
-        latent.stride(0) // 2,
-        slot_mapping,
-        pool,
-        *geometry,
-        num_tokens,
-        winner,
-        BLOCK_T=block_t,
-        X_KIND=kind,
-        HW=_hardware(pool.device),
-        DUPLICATES=_DUPLICATE_METHODS[duplicates],
-        SCAN_BLOCK=_SCAN_BLOCK,
-        num_warps=warps,
-    )
+    try:
+        _write_kernel[grid](
+            words,
+            latent.stride(0) // 2,
+            slot_mapping,
+            pool,
+            *geometry,
+            num_tokens,
+            winner,
+            BLOCK_T=block_t,
+            X_KIND=kind,
+            HW=_hardware(pool.device),
+            DUPLICATES=_DUPLICATE_METHODS[duplicates],
+            SCAN_BLOCK=_SCAN_BLOCK,
+            num_warps=warps,
+        )
+    except BaseException:
+        # The claim raised entries that only the write kernel puts back: a map left so would keep later claim
+        # writes from ever writing those slots.
+        if duplicates == "claim":
+            winners.reset(pool.device)
+        raise
 
 
 def new_scratch(rows: int, device: torch.device | str, *, zero_rope: bool = True) -> torch.Tensor:

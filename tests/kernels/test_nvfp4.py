@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
 from sparkfleet_nvfp4 import kernels, reference
 from sparkfleet_nvfp4.layout import (
     E2M1_VALUES,
@@ -107,6 +108,30 @@ def test_duplicate_slots_hold_the_last_tokens_whole_row(duplicates: str | None, 
     # the claim's slot map is back to -1 everywhere, ready for the next write (or a graph replay)
     for slot_map in winners._maps.values():
         assert (slot_map == -1).all()
+
+
+@pytest.mark.parametrize("duplicates", ["scan", "claim"])
+def test_exactly_the_last_token_naming_a_slot_is_let_write(duplicates: str) -> None:
+    """What the write kernel's filter lets write, seen directly: under the interpreter a write where every token
+    writes also ends with the last token's row (programs and stores run in order), so only this tells a filter
+    that lets every duplicate write from one that lets the last alone. Blocks of 4 tokens, so that a slot's later
+    duplicate is often in another program; padding and slots past the pool never write."""
+    gen = torch.Generator().manual_seed(7)
+    pool_rows = 40
+    slots = torch.randint(-1, pool_rows + 4, (37,), generator=gen).to(torch.int32)
+    want = reference.last_writers(slots) & (slots < pool_rows)
+    winner = kernels.WriteWinners().get(pool_rows, torch.device("cpu"))
+    if duplicates == "claim":
+        kernels._claim_kernel[(1,)](slots, winner, pool_rows, slots.numel(), BLOCK_T=64)
+    rules = {"unchecked": 0, "scan": 1, "claim": 2}
+    seen = {}
+    for rule in ("unchecked", duplicates):
+        out = torch.full((slots.numel(),), 7, dtype=torch.int8)
+        kernels._writers_kernel[(triton.cdiv(slots.numel(), 4),)](slots, winner, out, pool_rows, slots.numel(),
+                                                                   BLOCK_T=4, DUPLICATES=rules[rule], SCAN_BLOCK=8)
+        seen[rule] = out.bool()
+    assert torch.equal(seen[duplicates], want)
+    assert not torch.equal(seen["unchecked"], want)  # the case has duplicates the filter must hold back
 
 
 def test_duplicates_across_program_blocks_and_past_the_pool() -> None:

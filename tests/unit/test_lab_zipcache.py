@@ -2,6 +2,7 @@
 zipimport's own import machinery with a cache directory of the test's."""
 
 import importlib.util
+import marshal
 import os
 import traceback
 import zipfile
@@ -67,6 +68,9 @@ def test_a_damaged_or_unwritable_cache_falls_back_to_compiling(zipcache, tmp_pat
     (entry,) = os.listdir(zipcache)
     (zipcache / entry).write_bytes(b"\x00not marshal data")
     assert load(tmp_path / "b.zip", SOURCE.format(value=1)).VALUE == 1
+    (zipcache / entry).write_bytes(marshal.dumps(42))  # marshal data, but no code
+    assert load(tmp_path / "b2.zip", SOURCE.format(value=1)).VALUE == 1
+    assert os.listdir(zipcache) == [entry]  # rewritten in place, no temporary file left
     for name in os.listdir(zipcache):  # a cache that cannot be made (a file in its place, as root too)
         os.unlink(zipcache / name)
     os.rmdir(zipcache)

@@ -12,11 +12,12 @@
 # step exists. Any failure of the cache falls back to compiling.
 """Cache zipimport's compiled sources on a lab node (installed at interpreter start by a .pth file's line)."""
 
-import hashlib
-import importlib.util
+# Only what the interpreter has loaded at its start anyway: every python3 on a lab node runs this file's
+# install(), and the cache's own imports (hashlib, tempfile) wait until zipimport compiles something.
 import marshal
 import os
 import sys
+import types
 import zipimport
 
 CACHE = "/var/cache/sparkfleet-lab-zipcache"
@@ -24,35 +25,65 @@ CACHE = "/var/cache/sparkfleet-lab-zipcache"
 
 def _renamed(code, filename):
     """The code object (and every one nested in it) recorded as compiled from filename."""
-    consts = tuple(_renamed(const, filename) if isinstance(const, type(code)) else const for const in code.co_consts)
+    consts = tuple(_renamed(const, filename) if isinstance(const, types.CodeType) else const
+                   for const in code.co_consts)
     return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _key(source):
+    import hashlib  # pylint: disable=import-outside-toplevel
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
     digest = hashlib.sha256(importlib.util.MAGIC_NUMBER)
-    digest.update(bytes([sys.flags.optimize]))
+    digest.update(f"-O{sys.flags.optimize}:".encode("ascii"))
     digest.update(source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
-def cached_compile(compile_source, cache, pathname, source):
-    """compile_source(pathname, source), or the code compiled from the same source before, from the cache."""
-    path = os.path.join(cache, _key(source))
+def _load(path, pathname):
+    """The cached code at path under pathname's name, or None (no entry, or one that is not code)."""
     try:
         with open(path, "rb") as handle:
             code = marshal.load(handle)
-        return _renamed(code, pathname) if code.co_filename != pathname else code
-    except (OSError, EOFError, ValueError, TypeError):
-        pass
-    code = compile_source(pathname, source)
+    except FileNotFoundError:
+        return None
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"{path} holds no code object")
+    return _renamed(code, pathname) if code.co_filename != pathname else code
+
+
+def _store(cache, path, code):
+    """Write code to path through a temporary file of its own, renamed into place."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=cache, prefix=".new-")
     try:
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}"
-        with open(temporary, "wb") as handle:
+        with os.fdopen(descriptor, "wb") as handle:
             marshal.dump(code, handle)
         os.replace(temporary, path)
-    except OSError:
-        pass
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def cached_compile(compile_source, cache, pathname, source):
+    """compile_source(pathname, source), or the code compiled from the same source before, from the cache. The
+    cache never decides the outcome: whatever goes wrong with it (a damaged entry, a full or unwritable disk), the
+    source is compiled as zipimport would."""
+    try:
+        path = os.path.join(cache, _key(source))
+        code = _load(path, pathname)
+        if code is not None:
+            return code
+    except Exception:  # pylint: disable=broad-exception-caught
+        path = None
+    code = compile_source(pathname, source)
+    if path is not None:
+        try:
+            _store(cache, path, code)
+        except Exception:  # pylint: disable=broad-exception-caught
+            return code
     return code
 
 
