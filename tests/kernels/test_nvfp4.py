@@ -127,8 +127,9 @@ def test_exactly_the_last_token_naming_a_slot_is_let_write(duplicates: str) -> N
     seen = {}
     for rule in ("unchecked", duplicates):
         out = torch.full((slots.numel(),), 7, dtype=torch.int8)
-        kernels._writers_kernel[(triton.cdiv(slots.numel(), 4),)](slots, winner, out, pool_rows, slots.numel(),
-                                                                   BLOCK_T=4, DUPLICATES=rules[rule], SCAN_BLOCK=8)
+        grid = (triton.cdiv(slots.numel(), 4),)
+        kernels._writers_kernel[grid](slots, winner, out, pool_rows, slots.numel(), BLOCK_T=4,
+                                      DUPLICATES=rules[rule], SCAN_BLOCK=8)
         seen[rule] = out.bool()
     assert torch.equal(seen[duplicates], want)
     assert not torch.equal(seen["unchecked"], want)  # the case has duplicates the filter must hold back
