@@ -159,8 +159,10 @@ def test_both_ranks_run_as_one_engine(served, lab):
     assert "Launching vLLM" in on_node(lab, "node1", "cat", f"{LOGS}/current.log").stdout
     # Each node's rank computes on the CPU of this machine the lab gave it (lab_vllm_cpus), not on vLLM's own
     # choice, which is the same CPU on every node of a lab.
-    cpus = {node: lab_hosts(lab)[node]["vllm_service_env"]["VLLM_CPU_OMP_THREADS_BIND"] for node in ("node0", "node1")}
-    assert len(set(cpus.values())) == min(2, len(os.sched_getaffinity(0))), cpus
+    machine = sorted(os.sched_getaffinity(0))
+    ranks = {node: lab_hosts(lab)[node]["sparkfleet_node_rank"] for node in ("node0", "node1")}
+    cpus = {node: str(machine[rank % len(machine)]) for node, rank in ranks.items()}
+    assert len(set(cpus.values())) == min(2, len(machine)), cpus
     for node, cpu in cpus.items():
         log = on_node(lab, node, "cat", f"{LOGS}/current.log").stdout
         assert f"VLLM_CPU_OMP_THREADS_BIND='{cpu}'" in log and f"core ids=[{cpu}]" in log, (node, cpu)
