@@ -731,7 +731,7 @@ def write_duplicates_bench(args: argparse.Namespace, device: str) -> list[dict]:
                 continue
             times[method] = median_graph_ms([lambda x=x, s=s, p=p, m=method: kernels.write(x, s, p, duplicates=m)
                                              for x, s, p in sets], args.runs, args.warmup)
-        default = "scan" if tokens <= kernels.WRITE_SCAN_MAX_TOKENS else "claim"
+        default = kernels.default_duplicates(tokens)
         cells = (str(tokens), *(f"{times[m]:.4f}" if m in times else "-" for m in ("unchecked", "scan", "claim")),
                  f"{default} {times[default]:.4f}", f"{times[default] / times['unchecked']:.2f}")
         print("| " + " | ".join(cells) + " |", flush=True)

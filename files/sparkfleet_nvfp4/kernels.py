@@ -446,6 +446,11 @@ _DUPLICATE_METHODS = {"unchecked": 0, "scan": 1, "claim": 2}
 _SCAN_BLOCK = 256
 
 
+def default_duplicates(num_tokens: int) -> str:
+    """How `write` finds the last token naming a slot when not told: by the number of tokens, never the data."""
+    return "scan" if num_tokens <= WRITE_SCAN_MAX_TOKENS else "claim"
+
+
 def write(
     latent: torch.Tensor,
     slot_mapping: torch.Tensor,
@@ -486,7 +491,7 @@ def write(
                          "offset (the kernel reads it as pairs of elements)")
     words = latent.view(word)  # (every argument is made before the claim pass, which the write kernel must follow)
     if duplicates is None:
-        duplicates = "scan" if num_tokens <= WRITE_SCAN_MAX_TOKENS else "claim"
+        duplicates = default_duplicates(num_tokens)
     if duplicates not in _DUPLICATE_METHODS:
         raise ValueError(f"duplicates is {duplicates!r}; expected one of {', '.join(_DUPLICATE_METHODS)}")
     if slot_mapping.stride(0) != 1 and num_tokens > 1:

@@ -120,6 +120,7 @@ PORT = between(1, 65535)
 SECONDS = at_least(1, "seconds")
 # The ConnectX-7 ports take 1280 (the IPv6 minimum) to 9216 bytes, the NIC's largest frame.
 MTU = between(1280, 9216, "bytes")
+CPU_NUMBERS = each(at_least(0))
 IPV4_NETWORK = Rule("an IPv4 network in CIDR form such as 10.100.0.0/16",
                     lambda value, _: _network(value, 4))
 IPV4_SOURCE = Rule("an IPv4 address or network such as 192.168.1.0/24", _ipv4_source)
@@ -254,7 +255,7 @@ RULES: Mapping[str, Rule] = {
     "lab_subnet_pool": IPV4_NETWORK,
     "lab_shm_size": DOCKER_SIZE,
     "lab_vllm_cpus": Rule("null, or a list of this machine's CPU numbers (whole numbers from 0)",
-                          lambda value, _: value is None or each(at_least(0)).test(value, _)),
+                          lambda value, ctx: value is None or CPU_NUMBERS.test(value, ctx)),
     # model_weights
     "model_weights_cache_dir": ABSOLUTE_PATH,
     "model_weights_fetch_node": CLUSTER_HOST,
